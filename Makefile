@@ -1,0 +1,49 @@
+# Distributed Deep Learning on HPC -- the two commands a user needs are `make lab` and `make test`.
+SHELL := /bin/bash
+VENV ?= $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+export DDLCOURSE_VENV := $(VENV)
+# Notebooks and tests run at the smoke scale unless DDLCOURSE_SCALE says otherwise.
+TEST_SCALE ?= $(or $(DDLCOURSE_SCALE),smoke)
+# pytest-xdist workers for `make test`; notebooks of one file stay on one worker (--dist loadfile).
+WORKERS ?= 2
+NOTEBOOKS := $(wildcard notebooks/*.ipynb labs/*.ipynb)
+
+.PHONY: help setup env lab test test-unit test-notebooks lock clean-clusters clean
+
+help:
+	@echo "make lab     set up the environment if needed, then open JupyterLab on the course"
+	@echo "make test    set up the environment if needed, then run every test (unit + nbval on all notebooks)"
+	@echo "make setup   build or refresh the environment only (.venv; Horovod wheel cached in ~/.cache/ddlcourse)"
+	@echo "make lock    re-resolve env/requirements.in into env/requirements.lock"
+	@echo "make clean-clusters   stop every course cluster this user left running"
+
+setup:
+	@bash env/setup.sh
+
+# Every target that needs the environment depends on this; it is a no-op when nothing changed.
+env:
+	@bash env/setup.sh
+
+lab: env
+	@echo "Starting JupyterLab on http://127.0.0.1 (localhost only, token-protected). Ctrl-C to stop."
+	@$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=$(CURDIR) \
+		--IdentityProvider.token=$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}
+
+test: env
+	@bash env/run_tests.sh all
+
+test-unit: env
+	@bash env/run_tests.sh unit
+
+test-notebooks: env
+	@bash env/run_tests.sh notebooks
+
+lock:
+	@bash env/lock.sh
+
+clean-clusters:
+	@$(PY) -m ddlcourse clusters stop-all
+
+clean:
+	rm -rf .test-runtime results .pytest_cache

@@ -1,0 +1,500 @@
+"""Start and stop an ipyparallel cluster of MPI engines from a notebook.
+
+Two ways to use it::
+
+    from ddlcourse import cluster
+    with cluster.MPICluster(n=2) as c:          # stopped on exit, also when a cell raises
+        print(c.view.apply(lambda: 1 + 1))
+
+    c = cluster.start(n=2)                      # or a pair of calls
+    ...
+    c.stop()
+
+What it does for you (and why):
+
+* uses the environment's own ``mpiexec`` (the ``mpich`` wheel in the course venv), or the cluster's
+  MPI / ``srun`` inside a Slurm allocation, so a launch never picks up another MPI by accident;
+* ``-bind-to none`` and one torch/OpenMP thread per rank: oversubscribed ranks on a laptop otherwise
+  fight over cores and a step becomes 20x slower;
+* a private profile directory per cluster, so nothing is written into ``~/.ipython``;
+* a blocking ``DirectView`` whose engines are ordered by MPI rank, and ``%px`` set up for
+  repeatable output;
+* a clean stop with no stray processes: engines are shut down, ``mpiexec`` is awaited, then the
+  controller is stopped. A small watchdog process stops everything if the Python process that
+  started the cluster dies (a killed or restarted kernel), and :func:`stop_all` clears whatever a
+  crash left behind.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
+ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ipyparallel.controller",
+                "hydra_pmi_proxy", "mpiexec")
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started or used."""
+
+
+# --------------------------------------------------------------------------- discovery
+def runtime_dir() -> Path:
+    """Where running clusters are recorded (``$DDLCOURSE_RUNTIME_DIR`` or ``~/.cache/ddlcourse/clusters``)."""
+    d = os.environ.get("DDLCOURSE_RUNTIME_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ddlcourse", "clusters")
+    p = Path(d)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def in_slurm_allocation() -> bool:
+    """True inside ``salloc``/``sbatch`` (a job id and a task count are set)."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and bool(
+        os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS"))
+
+
+def find_mpiexec() -> str:
+    """The ``mpiexec`` to launch with.
+
+    Order: ``$DDLCOURSE_MPIEXEC``; the one beside this Python (the course venv's mpich wheel);
+    the first on ``PATH`` (a cluster's module-loaded MPI).
+    """
+    explicit = os.environ.get("DDLCOURSE_MPIEXEC")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ClusterError(f"$DDLCOURSE_MPIEXEC={explicit!r} is not an executable file")
+        return explicit
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    on_path = shutil.which("mpiexec")
+    if on_path:
+        return on_path
+    raise ClusterError(
+        "no mpiexec found: not beside this Python and not on PATH. Run 'make setup' (the course venv "
+        "ships MPICH), 'module load' your site's MPI, or set DDLCOURSE_MPIEXEC.")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_n() -> int:
+    """Number of engines when none is given: the Slurm task count in an allocation, else 2."""
+    if in_slurm_allocation():
+        return int(os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS"))
+    return 2
+
+
+def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
+                   mpiexec: str | None = None) -> tuple[str, list[str], list[str]]:
+    """Decide how to launch ``n`` ranks: ``(launcher, mpi_cmd, mpi_args)``.
+
+    ``launcher`` is ``"mpiexec"`` (the venv's or site's MPI), ``"srun"`` (Slurm), or ``"auto"``:
+    ``srun`` inside a Slurm allocation when it is on PATH, else ``mpiexec``.
+    """
+    if launcher == "auto":
+        launcher = "srun" if in_slurm_allocation() and shutil.which("srun") else "mpiexec"
+    threads = str(threads_per_rank)
+    if launcher == "srun":
+        srun = shutil.which("srun")
+        if not srun:
+            raise ClusterError("launcher='srun' but srun is not on PATH (are you on a Slurm login/compute node?)")
+        # --cpus-per-task spreads the threads; the PMI plugin must match the MPI mpi4py was built with.
+        args = ["--cpu-bind=none", f"--cpus-per-task={threads}",
+                f"--export=ALL,OMP_NUM_THREADS={threads},DDLCOURSE_THREADS={threads}"]
+        if os.environ.get("DDLCOURSE_SRUN_MPI"):
+            args.append(f"--mpi={os.environ['DDLCOURSE_SRUN_MPI']}")
+        return "srun", [srun], args
+    if launcher == "mpiexec":
+        exe = mpiexec or find_mpiexec()
+        args = ["-bind-to", "none", "-genv", "OMP_NUM_THREADS", threads, "-genv", "DDLCOURSE_THREADS", threads]
+        return "mpiexec", [exe], args
+    raise ClusterError(f"unknown launcher {launcher!r}; use 'auto', 'mpiexec' or 'srun'")
+
+
+# --------------------------------------------------------------------------- process bookkeeping
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie still answers kill(0); treat it as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _kill_recorded(state: dict, grace: float = 2.0) -> None:
+    """Terminate everything a state file records: engines, launcher process groups, controller."""
+    pids = [p for p in state.get("engine_pids", []) if p]
+    groups = [p for p in (state.get("launcher_pids", []) + [state.get("controller_pid")]) if p]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)  # launchers run in their own session: the group holds mpiexec & proxies
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pgid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.time() + grace
+        while time.time() < deadline and any(_alive(p) for p in pids + groups):
+            time.sleep(0.05)
+        if not any(_alive(p) for p in pids + groups):
+            break
+    profile = state.get("profile_dir")
+    if profile and state.get("owns_profile_dir"):
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def recorded_clusters(directory: Path | str | None = None) -> list[tuple[Path, dict]]:
+    d = Path(directory) if directory else runtime_dir()
+    out = []
+    for f in sorted(d.glob("cluster-*.json")):
+        try:
+            out.append((f, json.loads(f.read_text())))
+        except (OSError, json.JSONDecodeError):
+            out.append((f, {}))
+    return out
+
+
+def stop_all(directory: Path | str | None = None, only_orphans: bool = False) -> int:
+    """Stop every cluster recorded in ``directory`` (default :func:`runtime_dir`). Returns how many.
+
+    ``only_orphans=True`` keeps clusters whose starting process is still alive.
+    """
+    n = 0
+    for f, state in recorded_clusters(directory):
+        if only_orphans and state.get("parent_pid") and _alive(state["parent_pid"]):
+            continue
+        _kill_recorded(state)
+        f.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def find_processes(marker_var: str = "DDLCOURSE_TEST_RUN", marker: str | None = None,
+                   names: tuple[str, ...] = ENGINE_NAMES) -> list[tuple[int, str]]:
+    """Processes of this user whose command line names an engine/controller/MPI launcher.
+
+    With ``marker``, only those whose environment has ``marker_var=marker`` (a test run's tag).
+    """
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            if not cmd or not any(name in cmd for name in names):
+                continue
+            if marker is not None:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                if f"{marker_var}={marker}".encode() not in env:
+                    continue
+            found.append((int(entry), cmd))
+        except OSError:
+            continue
+    return found
+
+
+# --------------------------------------------------------------------------- the cluster
+@dataclass
+class RankInfo:
+    rank: int
+    size: int
+    host: str
+    pid: int
+    local_rank: int
+    device: str
+    engine_id: int = -1
+
+
+def _describe_engine() -> dict:  # runs on an engine
+    from ddlcourse import dist
+    return dist.describe()
+
+
+@dataclass
+class MPICluster:
+    """An ipyparallel cluster of ``n`` MPI engines (see the module docstring).
+
+    Parameters
+    ----------
+    n : number of engines (MPI ranks). Default: ``$SLURM_NTASKS`` in an allocation, else 2.
+    timeout : seconds to wait for every engine to register before giving up (and cleaning up).
+    launcher : ``"auto"``, ``"mpiexec"`` or ``"srun"`` (see :func:`launch_command`).
+    threads_per_rank : torch/OpenMP threads per rank (default 1, or ``$SLURM_CPUS_PER_TASK``).
+    mpiexec : path of the ``mpiexec`` to use (default :func:`find_mpiexec`).
+    quiet : do not print the start/stop lines.
+    """
+
+    n: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    launcher: str = "auto"
+    threads_per_rank: int | None = None
+    mpiexec: str | None = None
+    quiet: bool = False
+    ranks: list[RankInfo] = field(default_factory=list, init=False)
+
+    def __post_init__(self):
+        if self.n is None:
+            self.n = default_n()
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n must be a positive integer number of engines, got {self.n!r}")
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        if self.threads_per_rank is None:
+            self.threads_per_rank = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        self._cluster = None
+        self._rc = None
+        self._view = None
+        self._state_file: Path | None = None
+        self._watchdog: subprocess.Popen | None = None
+        self._profile_dir: str | None = None
+        self.start_seconds = float("nan")
+        self.stop_seconds = float("nan")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "MPICluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._cluster is not None
+
+    def start(self) -> "MPICluster":
+        import ipyparallel as ipp
+
+        if self.running:
+            return self
+        launcher, mpi_cmd, mpi_args = launch_command(self.n, self.launcher, self.threads_per_rank, self.mpiexec)
+        cores = available_cores()
+        if launcher == "mpiexec" and self.n * self.threads_per_rank > cores:
+            warnings.warn(
+                f"{self.n} ranks x {self.threads_per_rank} thread(s) on {cores} core(s): the ranks are "
+                "oversubscribed. Results are correct, but timings measure time-sharing, not scaling.",
+                stacklevel=2)
+        t0 = time.perf_counter()
+        cid = f"ddl-{uuid.uuid4().hex[:8]}"
+        self._profile_dir = tempfile.mkdtemp(prefix=f"ipp-{cid}-", dir=runtime_dir())
+        multi_host = launcher == "srun" or bool(os.environ.get("DDLCOURSE_MULTI_HOST"))
+        self._cluster = ipp.Cluster(
+            engines="mpi", n=self.n, profile_dir=self._profile_dir, cluster_id=cid,
+            controller_ip="*" if multi_host else "127.0.0.1",
+            log_level=logging.ERROR, engine_timeout=int(self.timeout),
+        )
+        cfg = self._cluster.config
+        cfg.MPIEngineSetLauncher.mpi_cmd = mpi_cmd
+        cfg.MPIEngineSetLauncher.mpi_args = mpi_args
+        cfg.MPIEngineSetLauncher.environment = {"OMP_NUM_THREADS": str(self.threads_per_rank),
+                                                "DDLCOURSE_THREADS": str(self.threads_per_rank)}
+        self._state_file = runtime_dir() / f"cluster-{cid}.json"
+        try:
+            self._cluster.start_controller_sync()
+            self._record()
+            self._cluster.start_engines_sync(n=self.n)
+            self._record()
+            self._start_watchdog()
+            self._rc = self._cluster.connect_client_sync()
+            try:
+                self._rc.wait_for_engines(self.n, timeout=self.timeout, interactive=False)
+            except TimeoutError:
+                got = len(self._rc.ids)
+                raise ClusterError(
+                    f"only {got} of {self.n} engines registered within {self.timeout:.0f} s. "
+                    f"Launcher output:\n{self._launcher_output() or '(none)'}\n"
+                    "Try fewer engines, a longer timeout, or check that mpiexec runs: "
+                    f"{mpi_cmd[0]} -n 2 python -c 'print(1)'") from None
+            self._setup_engines()
+            self._record()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        if not self.quiet:
+            hosts = sorted({r.host for r in self.ranks})
+            print(f"MPI cluster: {self.n} engine(s) on {len(hosts)} host(s) via {launcher}, "
+                  f"{self.threads_per_rank} thread(s) per rank")
+        return self
+
+    def _setup_engines(self) -> None:
+        rc = self._rc
+        dview = rc[:]
+        dview.block = True
+        info = dview.apply_sync(_describe_engine)
+        ranks = [RankInfo(engine_id=eid, **d) for eid, d in zip(rc.ids, info)]
+        ranks.sort(key=lambda r: r.rank)
+        if sorted(r.rank for r in ranks) != list(range(self.n)) or any(r.size != self.n for r in ranks):
+            raise ClusterError(
+                f"engines do not form one MPI world of size {self.n}: got ranks "
+                f"{[(r.rank, r.size) for r in ranks]}. Is mpi4py built against the mpiexec used ({self.mpiexec or find_mpiexec()})?")
+        self.ranks = ranks
+        self._view = rc[[r.engine_id for r in ranks]]  # ordered by MPI rank
+        self._view.block = True
+        self._configure_px()
+
+    def _configure_px(self) -> None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        ip = get_ipython()
+        if ip is None:
+            return
+        self._view.activate()
+        ip.run_line_magic("pxconfig", "--no-stream --progress-after -1")
+
+    def _launcher_output(self) -> str:
+        try:
+            return "".join(es.get_output() or "" for es in self._cluster.engines.values())[-3000:]
+        except Exception:  # best effort, for error messages only
+            return ""
+
+    def _record(self) -> None:
+        c = self._cluster
+        state = {
+            "cluster_id": c.cluster_id,
+            "profile_dir": self._profile_dir,
+            "owns_profile_dir": True,
+            "parent_pid": os.getpid(),
+            "controller_pid": getattr(c.controller, "pid", None) if c.controller else None,
+            "launcher_pids": [getattr(es, "pid", None) for es in c.engines.values()],
+            "engine_pids": [r.pid for r in self.ranks],
+            "n": self.n,
+            "started": time.time(),
+        }
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self._state_file)
+
+    def _start_watchdog(self) -> None:
+        # A separate session, so it survives the kernel being killed and then cleans up.
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "ddlcourse._watchdog", str(os.getpid()), str(self._state_file)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stop engines, mpiexec and controller; safe to call twice and from any state."""
+        if self._cluster is None:
+            return
+        t0 = time.perf_counter()
+        c = self._cluster
+        try:
+            if self._rc is not None:
+                try:
+                    self._rc.shutdown(hub=False, block=True, targets="all")
+                except Exception:
+                    pass
+                try:
+                    self._rc.close()
+                except Exception:
+                    pass
+            # wait for mpiexec to exit on its own once the engines are gone (clean MPI_Finalize)
+            for es in list(c.engines.values()):
+                proc = getattr(es, "process", None)
+                if proc is not None:
+                    try:
+                        proc.wait(timeout=10)
+                    except Exception:
+                        pass
+            try:
+                c.stop_cluster_sync()
+            except Exception:
+                pass
+        finally:
+            state = json.loads(self._state_file.read_text()) if self._state_file and self._state_file.exists() else {}
+            _kill_recorded(state)  # anything still alive (normally nothing)
+            if self._state_file:
+                self._state_file.unlink(missing_ok=True)
+            if self._profile_dir:
+                shutil.rmtree(self._profile_dir, ignore_errors=True)
+            if self._watchdog is not None:
+                self._watchdog.terminate()
+                try:
+                    self._watchdog.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._watchdog.kill()
+            try:
+                atexit.unregister(self.stop)
+            except Exception:
+                pass
+            self._cluster = self._rc = self._view = self._watchdog = None
+            self.stop_seconds = time.perf_counter() - t0
+            if not self.quiet:
+                print(f"MPI cluster stopped ({self.n} engine(s)).")
+
+    # -- use ---------------------------------------------------------------------------------
+    def _need(self):
+        if self._cluster is None:
+            raise ClusterError("the cluster is not running: call start() or use 'with MPICluster(...)'")
+
+    @property
+    def view(self):
+        """A blocking DirectView over all engines, ordered by MPI rank."""
+        self._need()
+        return self._view
+
+    @property
+    def client(self):
+        self._need()
+        return self._rc
+
+    def run(self, fn, *args, **kwargs) -> list:
+        """Call ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        ``fn`` should be importable (a function from ``ddlcourse``) rather than defined in a cell.
+        """
+        self._need()
+        return self._view.apply_sync(fn, *args, **kwargs)
+
+    def report(self, show: bool = True) -> list[RankInfo]:
+        """Which rank runs on which host and device."""
+        self._need()
+        if show:
+            print(f"{'rank':>4}  {'local':>5}  {'host':<20} {'device':<10}")
+            for r in self.ranks:
+                print(f"{r.rank:>4}  {r.local_rank:>5}  {r.host:<20} {r.device:<10}")
+        return self.ranks
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"MPICluster(n={self.n}, launcher={self.launcher!r}, {state})"
+
+
+def start(n: int | None = None, **kwargs) -> MPICluster:
+    """Start an :class:`MPICluster` and return it; call ``.stop()`` when done."""
+    return MPICluster(n=n, **kwargs).start()

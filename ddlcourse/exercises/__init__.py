@@ -1,0 +1,1 @@
+"""Reference answers of the notebooks' exercises, one module per notebook (see ddlcourse.selfcheck)."""

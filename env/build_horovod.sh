@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 with PyTorch, MPI and Gloo for the course venv, and install it.
+#
+#   env/build_horovod.sh VENV_DIR
+#
+# Horovod's last release does not build against torch 2.x out of the box (see README, "Horovod"):
+#   1. CMake 4 rejects Gloo's old cmake_minimum_required -> CMAKE_POLICY_VERSION_MINIMUM=3.5
+#   2. its torch extension is compiled as C++14, torch 2.x headers need C++17 -> patch the sdist.
+# The built wheel is cached outside the clone, keyed by everything it links against, so later
+# setups (and fresh clones on the same machine) install it in seconds.
+set -euo pipefail
+
+VENV=${1:?usage: env/build_horovod.sh VENV_DIR}
+PY="$VENV/bin/python"
+HERE=$(cd "$(dirname "$0")" && pwd)
+HVD_VERSION=0.28.1
+CACHE_ROOT=${DDLCOURSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddlcourse}
+
+ver() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+TORCH_V=$(ver torch); MPICH_V=$(ver mpich); PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+KEY="horovod-${HVD_VERSION}_torch-${TORCH_V}_mpich-${MPICH_V}_${PYTAG}_$(uname -m)"
+WHEEL_DIR="$CACHE_ROOT/wheels/$KEY"
+
+if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    echo "[horovod] no cached wheel for $KEY: building from the patched sdist (about 3 minutes on 2 cores)"
+    WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
+    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$WORK" \
+        || { echo "[horovod] ERROR: could not download the horovod==$HVD_VERSION sdist from PyPI." >&2; exit 1; }
+    tar -xzf "$WORK"/horovod-*.tar.gz -C "$WORK"
+    SRC="$WORK/horovod-$HVD_VERSION"
+    for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+        grep -q 'set(CMAKE_CXX_STANDARD 14)' "$SRC/$f" \
+            || { echo "[horovod] ERROR: $f has no 'set(CMAKE_CXX_STANDARD 14)'; the sdist changed, update this patch." >&2; exit 1; }
+        sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/$f"
+    done
+    LOG="$WORK/build.log"
+    # The venv's bin comes first so that its cmake, mpicc and mpicxx (mpich wheel) are used.
+    if ! env PATH="$VENV/bin:$PATH" \
+        CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j$(nproc)" \
+        "$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC" >"$LOG" 2>&1; then
+        mkdir -p "$CACHE_ROOT/logs"; cp "$LOG" "$CACHE_ROOT/logs/horovod-build.log"
+        echo "[horovod] ERROR: the Horovod build failed. Last lines of the log:" >&2
+        tail -n 25 "$LOG" >&2
+        cat >&2 <<HINT
+[horovod] Full log: $CACHE_ROOT/logs/horovod-build.log
+[horovod] What to try:
+  - a C++17 compiler must be on PATH: 'g++ --version' (Debian/Ubuntu: apt-get install build-essential)
+  - the Python headers must be present: apt-get install python3-dev (or use a python.org / pyenv build)
+  - 'make setup' again after fixing; the rest of the environment is already installed and is kept.
+HINT
+        exit 1
+    fi
+    mkdir -p "$WHEEL_DIR"
+    cp "$WORK"/wheel/horovod-*.whl "$WHEEL_DIR/.tmp.whl"
+    mv "$WHEEL_DIR/.tmp.whl" "$WHEEL_DIR/$(basename "$WORK"/wheel/horovod-*.whl)"
+    echo "[horovod] cached $WHEEL_DIR"
+fi
+
+"$PY" -m pip install -q --no-deps -c "$HERE/constraints.txt" "$WHEEL_DIR"/horovod-*.whl
+"$PY" - <<'PY'
+import horovod.torch as hvd
+assert hvd.mpi_built() and hvd.gloo_built(), "Horovod was built without MPI or Gloo"
+print("[horovod] OK: horovod.torch", __import__("horovod").__version__, "with MPI and Gloo")
+PY

@@ -1,0 +1,74 @@
+"""Test-suite plumbing shared by the unit tests and nbval.
+
+* Every cluster started during the run is recorded in $DDLCOURSE_RUNTIME_DIR (set by env/run_tests.sh).
+  nbval kills kernels, so a notebook whose stop cell never ran can leave a cluster behind; the
+  session-end hook stops whatever is recorded there, on the xdist controller only.
+* After that, any ipengine/ipcontroller/mpiexec process that carries this run's tag
+  (DDLCOURSE_TEST_RUN) is a leak: it is killed and the session fails.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    os.environ.setdefault("DDLCOURSE_TEST_RUN", f"pytest-{os.getpid()}")
+    os.environ.setdefault("DDLCOURSE_RUNTIME_DIR", str(ROOT / ".test-runtime" / os.environ["DDLCOURSE_TEST_RUN"]))
+    os.environ.setdefault("DDLCOURSE_SCALE", "smoke")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _is_xdist_worker(session.config):
+        return
+    from ddlcourse import cluster
+
+    stopped = cluster.stop_all(os.environ["DDLCOURSE_RUNTIME_DIR"])
+    if stopped:
+        print(f"\n[conftest] stopped {stopped} cluster(s) left by killed kernels")
+    marker = os.environ["DDLCOURSE_TEST_RUN"]
+    deadline = time.time() + 10  # watchdogs may still be finishing their cleanup
+    leaks = cluster.find_processes(marker=marker)
+    while leaks and time.time() < deadline:
+        time.sleep(0.5)
+        leaks = cluster.find_processes(marker=marker)
+    if leaks:
+        print("\n[conftest] ERROR: stray processes left by the test run:")
+        for pid, cmd in leaks:
+            print(f"  {pid}: {cmd[:160]}")
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ----------------------------------------------------------------------------- helpers for tests
+def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure."""
+    from ddlcourse.cluster import find_mpiexec
+
+    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
+           sys.executable, "-c", code]
+    full_env = dict(os.environ, **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+    if p.returncode != 0:
+        raise AssertionError(f"mpiexec -n {n} failed ({p.returncode}):\nSTDOUT:\n{p.stdout[-4000:]}\nSTDERR:\n{p.stderr[-4000:]}")
+    return p
+
+
+@pytest.fixture
+def mpi():
+    return run_mpi

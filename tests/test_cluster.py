@@ -1,0 +1,153 @@
+"""ddlcourse.cluster: start, use and stop MPI clusters; bad input; no stray processes, ever."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ddlcourse import cluster
+from ddlcourse.cluster import ClusterError, MPICluster
+
+pytestmark = pytest.mark.mpi
+
+
+def _gone(pids, timeout=15.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(cluster._alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _pids(c: MPICluster):
+    state = cluster.recorded_clusters()
+    mine = [s for _, s in state if s.get("cluster_id") == c._cluster.cluster_id][0]
+    return [p for p in mine["engine_pids"] + mine["launcher_pids"] + [mine["controller_pid"]] if p]
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, "2", True])
+def test_bad_n_is_a_clear_error(n):
+    with pytest.raises(ValueError, match="positive integer"):
+        MPICluster(n=n)
+
+
+def test_bad_timeout_and_launcher():
+    with pytest.raises(ValueError, match="timeout"):
+        MPICluster(n=1, timeout=0)
+    with pytest.raises(ClusterError, match="unknown launcher"):
+        cluster.launch_command(2, launcher="pbs")
+
+
+def test_no_mpiexec_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("DDLCOURSE_MPIEXEC", str(tmp_path / "missing"))
+    with pytest.raises(ClusterError, match="not an executable"):
+        cluster.find_mpiexec()
+    monkeypatch.delenv("DDLCOURSE_MPIEXEC")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(ClusterError, match="no mpiexec found"):
+        cluster.find_mpiexec()
+
+
+def test_launch_command_defaults(monkeypatch):
+    for v in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS"):
+        monkeypatch.delenv(v, raising=False)
+    kind, cmd, args = cluster.launch_command(2)
+    assert kind == "mpiexec" and cmd[0].endswith("mpiexec")
+    assert args[:2] == ["-bind-to", "none"] and "OMP_NUM_THREADS" in args
+    assert cluster.default_n() == 2
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    assert cluster.default_n() == 8
+    monkeypatch.setenv("PATH", "/nonexistent")
+    # in an allocation but without srun on PATH, auto falls back to mpiexec
+    assert cluster.launch_command(2, mpiexec="/bin/true")[0] == "mpiexec"
+
+
+def test_engines_that_never_come_up_time_out_and_leave_nothing(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'fake mpiexec: pretending to launch'\nexec sleep 300\n")
+    fake.chmod(0o755)
+    c = MPICluster(n=2, timeout=3, mpiexec=str(fake), quiet=True)
+    t0 = time.time()
+    with pytest.raises(ClusterError, match="only 0 of 2 engines registered within 3 s") as e:
+        c.start()
+    assert "fake mpiexec" in str(e.value)
+    assert time.time() - t0 < 40
+    assert not c.running
+    assert not cluster.recorded_clusters()
+    out = subprocess.run(["pgrep", "-f", str(fake)], capture_output=True, text=True).stdout.split()
+    assert out == [], f"fake mpiexec still running: {out}"
+
+
+def test_start_report_run_stop_leaves_no_process(capsys):
+    with MPICluster(n=2) as c:
+        ranks = c.report()
+        assert [r.rank for r in ranks] == [0, 1]
+        assert all(r.size == 2 and r.device == "cpu" for r in ranks)
+        assert c.run(os.getpid) == [r.pid for r in ranks]  # view ordered by rank
+        import torch
+        assert c.run(torch.get_num_threads) == [1, 1]
+        pids = _pids(c)
+        assert len(pids) >= 4  # 2 engines, mpiexec, controller
+    assert not c.running
+    assert _gone(pids, timeout=5), "processes survive a normal stop"
+    assert "MPI cluster stopped" in capsys.readouterr().out
+    c.stop()  # idempotent
+
+
+def test_exception_inside_with_block_still_stops():
+    with pytest.raises(ZeroDivisionError):
+        with MPICluster(n=2, quiet=True) as c:
+            pids = _pids(c)
+            1 / 0
+    assert _gone(pids, timeout=5)
+    with pytest.raises(ClusterError, match="not running"):
+        c.view
+
+
+def test_oversubscription_warns_and_four_ranks_form_one_world():
+    if cluster.available_cores() >= 4:
+        pytest.skip("needs fewer than 4 cores to oversubscribe")
+    with pytest.warns(UserWarning, match="oversubscribed"):
+        c = cluster.start(n=4, quiet=True)
+    try:
+        from ddlcourse import dist
+        assert c.run(dist.rank) == [0, 1, 2, 3]
+    finally:
+        c.stop()
+
+
+def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
+    """A process that starts a cluster and dies by SIGKILL (as nbval kills kernels) leaves nothing."""
+    script = textwrap.dedent("""
+        import os, sys, json
+        from ddlcourse.cluster import MPICluster
+        c = MPICluster(n=2, quiet=True).start()
+        from ddlcourse import cluster
+        st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
+        print(json.dumps(st), flush=True)
+        os.kill(os.getpid(), 9)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    import json
+    st = json.loads(p.stdout.strip().splitlines()[-1])
+    pids = [q for q in st["engine_pids"] + st["launcher_pids"] + [st["controller_pid"]] if q]
+    assert len(pids) >= 4
+    assert _gone(pids, timeout=20), "the watchdog did not stop the orphaned cluster"
+    assert not any(s.get("cluster_id") == st["cluster_id"] for _, s in cluster.recorded_clusters())
+
+
+def test_stop_all_kills_recorded_orphans(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    import json
+    (tmp_path / "cluster-x.json").write_text(json.dumps(
+        {"cluster_id": "x", "parent_pid": 999999999, "launcher_pids": [sleeper.pid], "engine_pids": []}))
+    assert cluster.stop_all(tmp_path, only_orphans=True) == 1
+    sleeper.wait(timeout=5)
+    assert not list(tmp_path.glob("cluster-*.json"))
