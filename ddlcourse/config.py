@@ -33,6 +33,33 @@ PROFILES: dict[str, dict[str, dict]] = {
         "laptop": dict(n_ranks=2, vector_len=4),
         "cluster": dict(n_ranks=8, vector_len=4),
     },
+
+    # ---- notebooks 01-03 (issue 3): add sections below this line ----
+
+
+    # ---- notebooks 04-08 (issue 4): add sections below this line ----
+
+
+    # ---- notebooks 09-13 (issue 5): add sections below this line ----
+
+
+    # ---- notebooks 14-15 (issue 12): add sections below this line ----
+
+
+    # ---- notebook 16 perfmodel (issue 11): add sections below this line ----
+
+
+    # ---- lab 01 maize (issue 6): add sections below this line ----
+
+
+    # ---- lab 02 seismic (issue 7): add sections below this line ----
+
+
+    # ---- lab 03 topology (issue 8): add sections below this line ----
+
+
+    # ---- lab 04 driving (issue 9): add sections below this line ----
+
 }
 
 

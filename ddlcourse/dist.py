@@ -184,6 +184,9 @@ def shutdown() -> None:
     import torch.distributed as tdist
 
     info = _STATE.pop("info", None)
+    for comm, _ in _STATE.pop("subgroups", {}).values():
+        if comm is not None:
+            comm.Free()
     if tdist.is_initialized():
         tdist.destroy_process_group()
     if info is not None and info.horovod:
@@ -213,3 +216,27 @@ def barrier() -> None:
 def allreduce_mean(x: float) -> float:
     """Mean of a Python number over all ranks (for metrics, not gradients)."""
     return _comm().allreduce(float(x)) / world_size()
+
+
+def subgroup(k: int):
+    """The first ``k`` ranks as their own world: ``(mpi_comm, torch_group)``; ``(None, None)`` on other ranks.
+
+    Lets one N-rank cluster run the same experiment on 1, 2, ..., N ranks without restarting.
+    Collective: every rank of COMM_WORLD must call it with the same ``k``. Groups are cached per ``k``.
+    The torch group exists only after :func:`init`.
+    """
+    import torch.distributed as tdist
+
+    n = world_size()
+    if not 1 <= k <= n:
+        raise ValueError(f"subgroup size must be between 1 and the world size {n}, got {k}")
+    cache = _STATE.setdefault("subgroups", {})
+    if k not in cache:
+        r = rank()
+        comm = _comm().Split(0 if r < k else 1, r)
+        if r >= k:
+            comm.Free()
+            comm = None
+        group = tdist.new_group(ranks=list(range(k))) if tdist.is_initialized() else None
+        cache[k] = (comm, group if r < k else None)
+    return cache[k]

@@ -58,3 +58,23 @@ def test_cli_info_and_errors():
     assert out.returncode == 0 and "torch" in out.stdout and "MISSING" not in out.stdout
     bad = subprocess.run([sys.executable, "-m", "ddlcourse", "run", "nosuchcase"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown case 'nosuchcase'" in bad.stderr
+
+
+def test_subgroup_runs_smaller_worlds_inside_one_cluster(mpi):
+    code = (
+        "from ddlcourse import dist\n"
+        "import torch, torch.distributed as t\n"
+        "info = dist.init(horovod=False)\n"
+        "out = []\n"
+        "for k in (1, 2, 3):\n"
+        "    comm, g = dist.subgroup(k)\n"
+        "    if comm is not None:\n"
+        "        x = torch.tensor([float(info.rank + 1)]); t.all_reduce(x, group=g)\n"
+        "        assert comm.Get_size() == k and comm.allreduce(info.rank + 1) == x.item() == k * (k + 1) / 2\n"
+        "        out.append(k)\n"
+        "from mpi4py import MPI\n"
+        "res = MPI.COMM_WORLD.gather(out, root=0)\n"
+        "dist.shutdown()\n"
+        "if info.rank == 0: print(res)\n"
+    )
+    assert mpi(3, code).stdout.strip() == "[[1, 2, 3], [2, 3], [3]]"
