@@ -1,0 +1,82 @@
+"""Known answers for the metrics, and their reduction across ranks equals the metric of the whole set."""
+import numpy as np
+import pytest
+
+from ddlcourse import metrics
+
+
+def test_confusion_and_segmentation_known_answer():
+    t = np.array([0, 0, 1, 1, 2, 2])
+    p = np.array([0, 1, 1, 1, 2, 0])
+    cm = metrics.confusion_matrix(p, t, 3)
+    assert cm.tolist() == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    s = metrics.segmentation_scores(cm)
+    assert s["pixel_acc"] == pytest.approx(4 / 6)
+    assert s["mean_class_acc"] == pytest.approx((0.5 + 1 + 0.5) / 3)
+    iou = [1 / 3, 2 / 3, 1 / 2]
+    assert s["iou_per_class"] == pytest.approx(iou)
+    assert s["mean_iou"] == pytest.approx(np.mean(iou))
+    assert s["fw_iou"] == pytest.approx(np.dot([2 / 6] * 3, iou))
+
+
+def test_classification_scores_known_answer():
+    cm = np.array([[8, 2], [1, 1]])   # class 1 rare
+    s = metrics.classification_scores(cm)
+    assert s["accuracy"] == pytest.approx(9 / 12)
+    assert s["recall"] == pytest.approx([0.8, 0.5])
+    assert s["balanced_acc"] == pytest.approx(0.65)
+    f1 = [2 * (8 / 9) * 0.8 / (8 / 9 + 0.8), 2 * (1 / 3) * 0.5 / (1 / 3 + 0.5)]
+    assert s["macro_f1"] == pytest.approx(np.mean(f1))
+    # majority-class predictor: balanced accuracy 0.5, macro-F1 well below accuracy
+    maj = metrics.classification_scores(np.array([[10, 0], [2, 0]]))
+    assert maj["balanced_acc"] == 0.5 and maj["macro_f1"] < maj["accuracy"]
+
+
+def test_ignore_index_and_bad_labels():
+    cm = metrics.confusion_matrix([0, 1, 1], [0, 255, 1], 2, ignore_index=255)
+    assert cm.sum() == 2
+    with pytest.raises(ValueError, match="labels must lie"):
+        metrics.confusion_matrix([0, 3], [0, 1], 2)
+    with pytest.raises(ValueError, match="differ in size"):
+        metrics.confusion_matrix([0], [0, 1], 2)
+
+
+def test_auroc_and_ap_known_answers():
+    y = [1, 1, 0, 0]
+    assert metrics.roc_auc([0.9, 0.8, 0.3, 0.1], y) == 1.0
+    assert metrics.roc_auc([0.1, 0.2, 0.8, 0.9], y) == 0.0
+    assert metrics.roc_auc([0.5, 0.5, 0.5, 0.5], y) == 0.5
+    assert metrics.roc_auc([0.9, 0.2, 0.5, 0.1], y) == 0.75
+    # positives at ranks 1 and 3: AP = (1/1 + 2/3) / 2
+    assert metrics.average_precision([0.9, 0.5, 0.7, 0.1], y) == pytest.approx((1 + 2 / 3) / 2)
+    with pytest.raises(ValueError):
+        metrics.roc_auc([0.1, 0.2], [1, 1])
+
+
+CODE = r"""
+import numpy as np
+from mpi4py import MPI
+from ddlcourse import metrics
+comm = MPI.COMM_WORLD; r, n = comm.Get_rank(), comm.Get_size()
+g = np.random.default_rng(0)
+t = g.integers(0, 4, 1000); p = np.where(g.random(1000) < 0.7, t, g.integers(0, 4, 1000))
+s = g.random(1000) + t * 0.1; y = (t == 3)
+cuts = [0, 100, 700, 1000]                      # deliberately uneven shards
+sl = slice(cuts[r], cuts[r + 1])
+dist_cm = metrics.confusion_matrix(p[sl], t[sl], 4, comm=comm)
+ok = (dist_cm == metrics.confusion_matrix(p, t, 4)).all()
+ok &= abs(metrics.roc_auc(s[sl], y[sl], comm) - metrics.roc_auc(s, y)) < 1e-12
+ok &= abs(metrics.average_precision(s[sl], y[sl], comm) - metrics.average_precision(s, y)) < 1e-12
+ok &= abs(metrics.global_mean(s[sl], comm) - s.mean()) < 1e-12
+# the wrong way (mean of per-rank accuracies) differs on uneven shards
+local_acc = (p[sl] == t[sl]).mean()
+wrong = comm.allreduce(local_acc) / n
+ok &= abs(wrong - (p == t).mean()) > 1e-4
+res = comm.gather(bool(ok), root=0)
+if r == 0: print(all(res))
+"""
+
+
+@pytest.mark.mpi
+def test_metrics_reduced_over_uneven_shards_equal_whole_set(mpi):
+    assert mpi(3, CODE).stdout.strip() == "True"
