@@ -9,12 +9,13 @@ TEST_SCALE ?= $(or $(DDLCOURSE_SCALE),smoke)
 WORKERS ?= 2
 NOTEBOOKS := $(wildcard notebooks/*.ipynb labs/*.ipynb)
 
-.PHONY: help setup env lab test test-unit test-notebooks lock clean-clusters clean
+.PHONY: help setup env lab test test-unit test-notebooks slides lock clean-clusters clean
 
 help:
 	@echo "make lab     set up the environment if needed, then open JupyterLab on the course"
 	@echo "make test    set up the environment if needed, then run every test (unit + nbval on all notebooks)"
 	@echo "make setup   build or refresh the environment only (.venv; Horovod wheel cached in ~/.cache/ddlcourse)"
+	@echo "make slides  build the instructor's reveal.js decks and PDF handouts (slides/decks, slides/pdf)"
 	@echo "make lock    re-resolve env/requirements.in into env/requirements.lock"
 	@echo "make clean-clusters   stop every course cluster this user left running"
 
@@ -38,6 +39,11 @@ test-unit: env
 
 test-notebooks: env
 	@bash env/run_tests.sh notebooks
+
+# reveal.js decks from the notebooks into slides/decks/, PDFs into slides/pdf/ (headless Chromium)
+slides: env
+	@bash env/install_chromium.sh
+	@$(PY) -m ddlcourse.slides build
 
 lock:
 	@bash env/lock.sh

@@ -1,0 +1,296 @@
+"""Build the instructor's reveal.js decks from the course notebooks (one source, no drift).
+
+    python -m ddlcourse.slides build [--execute all|lectures|none] [--no-pdf] [DECK ...]     # or: make slides
+
+A deck is a list of source notebooks: the concept notebooks and labs themselves, plus short slide notebooks
+in ``slides/src/`` where a lecture needs more. From each source the build takes
+
+* from the first cell tagged ``slide`` on, every cell except those tagged ``skip`` (untagged cells continue
+  the slide before them, as in nbconvert), and every ``notes`` cell;
+* if a notebook has no slide tags at all, every ``## `` section heading starts a slide, with the
+  section's first figure.
+
+Notebooks are executed first (at the ``smoke`` scale, cached by content hash in ``slides/build/executed``),
+so the figures on the slides come from real runs. Every deck opens with a title slide carrying the
+module's timing and speaker notes, and the speaker notes of the notebooks' own ``notes`` cells.
+Decks are written to ``slides/decks/<name>.html`` and printed to ``slides/pdf/<name>.pdf`` by headless
+Chromium (one page per slide). Everything a deck loads comes from ``slides/vendor`` (``make setup``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SLIDES = ROOT / "slides"
+VENDOR = SLIDES / "vendor"
+SLIDE_TYPES = ("slide", "subslide", "fragment", "notes", "-")
+
+
+@dataclass
+class Deck:
+    name: str
+    title: str
+    minutes: int                     # in the half-day schedule
+    sources: list[str]
+    notes: str
+    subtitle: str = ""
+    full_day_minutes: int = 0
+
+    def existing_sources(self) -> list[Path]:
+        return [ROOT / s for s in self.sources if (ROOT / s).exists()]
+
+
+DECKS: list[Deck] = [
+    Deck("01_introduction", "Distributed Deep Learning on HPC", 20, ["slides/src/01_introduction.ipynb", "notebooks/00_setup_check.ipynb"],
+         "Welcome. Goals for today; the four HPC attributes; the map of parallelism we will walk through. "
+         "Ask who has a cluster account and who works on a laptop: the same notebooks serve both.",
+         "Why distribute, and how", 30),
+    Deck("02_sgd_batch", "SGD, batch size and loss integrity", 35,
+         ["notebooks/01_sgd.ipynb", "notebooks/02_batch_size.ipynb", "notebooks/03_loss_integrity.ipynb"],
+         "Start from gradient descent on a surface you can see, then what a bigger batch does. End with the "
+         "one rule of data parallelism: the same global batch must give the same answer on 1 and N processes.",
+         "Notebooks 01-03", 75),
+    Deck("03_data_parallel", "Data parallelism done right", 50,
+         ["notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb", "notebooks/06_sync_batchnorm.ipynb",
+          "notebooks/07_large_batch.ipynb", "notebooks/08_scaling.ipynb"],
+         "Collectives and their cost model first; then the five steps from serial to data-parallel, three ways. "
+         "SyncBatchNorm, large-batch optimizers, and how to measure speedup honestly.",
+         "Notebooks 04-08", 120),
+    Deck("04_beyond_memory", "When the model does not fit", 40,
+         ["notebooks/09_memory.ipynb", "notebooks/10_model_parallel.ipynb", "notebooks/11_pipeline.ipynb",
+          "notebooks/12_tensor_spatial_sharded.ipynb", "notebooks/13_federated.ipynb"],
+         "Where memory goes; then each way to split a model or an image across devices, each checked against "
+         "the serial model. Pipeline bubbles predicted and measured. Federated learning at the end.",
+         "Notebooks 09-13", 100),
+    Deck("05_io_search_models", "Feeding the accelerators, searching, predicting scale", 15,
+         ["notebooks/14_data_pipeline.ipynb", "notebooks/15_hyperparameter_search.ipynb",
+          "notebooks/16_perfmodel.ipynb"],
+         "I/O that keeps the compute fed, hyper-parameter search as the other use of a cluster, and a "
+         "performance model to reason about thousands of GPUs we do not have in the room.",
+         "Notebooks 14-16", 60),
+    Deck("06_lab_maize", "Lab 1: maize segmentation and anomalies", 20, ["labs/01_maize.ipynb"],
+         "Instance segmentation and anomaly detection, data-parallel with Horovod and DDP; SyncBatchNorm at "
+         "small per-rank batches; weak scaling by growing the field.", "Lab 1", 45),
+    Deck("07_lab_seismic", "Lab 2: 3D seismic facies", 20, ["labs/02_seismic.ipynb"],
+         "2D sections stitch badly; 3D fixes it but hits the memory wall; spatial parallelism goes past it.",
+         "Lab 2", 45),
+    Deck("08_lab_topology", "Lab 3: topology optimization surrogate", 20, ["labs/03_topology.ipynb"],
+         "A real SIMP solver makes the ground truth; a U-Net learns to skip the iterations; large-batch "
+         "training with higher-order optimizers.", "Lab 3", 45),
+    Deck("09_lab_driving", "Lab 4: traffic conflicts from multi-camera video", 20, ["labs/04_driving.ipynb"],
+         "Video makes the largest inputs; model and pipeline parallelism across views and stages, "
+         "combined with data parallelism.", "Lab 4", 45),
+    Deck("10_wrapup", "Wrap-up", 10, ["slides/src/10_wrapup.ipynb"],
+         "Recap the map, the rules of thumb, and where to go next. Collect feedback.", "What to take home", 15),
+]
+
+
+# --------------------------------------------------------------------------- selecting cells
+def _slide_type(cell) -> str | None:
+    return cell.get("metadata", {}).get("slideshow", {}).get("slide_type")
+
+
+def select_cells(nb) -> list:
+    """The cells of ``nb`` that go on slides (see the module docstring)."""
+    cells = nb.cells
+    tagged = any(_slide_type(c) in ("slide", "subslide") for c in cells)
+    out, inside = [], False
+    if tagged:
+        for c in cells:
+            t = _slide_type(c)
+            if t == "skip":  # left out, without ending the section around it
+                continue
+            if t in ("slide", "subslide"):
+                inside = True
+            if inside or t == "notes":
+                out.append(copy.deepcopy(c))
+        return out
+    # fallback: "## " headings start slides; keep the heading cell and the first figure of the section
+    want_fig = False
+    for c in cells:
+        if c.cell_type == "markdown" and c.source.lstrip().startswith(("# ", "## ")):
+            cc = copy.deepcopy(c)
+            cc.metadata["slideshow"] = {"slide_type": "slide"}
+            out.append(cc)
+            want_fig = True
+        elif want_fig and c.cell_type == "code" and any("image/png" in o.get("data", {}) for o in c.get("outputs", [])):
+            cc = copy.deepcopy(c)
+            cc.source = ""
+            cc.metadata["slideshow"] = {"slide_type": "subslide"}
+            cc.outputs = [o for o in cc.outputs if "image/png" in o.get("data", {})][:1]
+            out.append(cc)
+            want_fig = False
+    return out
+
+
+def title_cells(deck: Deck) -> list:
+    head = nbformat.v4.new_markdown_cell(
+        f"<div class='deck-title'>\n\n# {deck.title}\n\n### {deck.subtitle}\n\n"
+        f"*Distributed Deep Learning on HPC* · {deck.minutes} min (half day) · {deck.full_day_minutes} min (full day)\n\n</div>")
+    head.metadata["slideshow"] = {"slide_type": "slide"}
+    notes = nbformat.v4.new_markdown_cell(deck.notes)
+    notes.metadata["slideshow"] = {"slide_type": "notes"}
+    return [head, notes]
+
+
+def assemble(deck: Deck, executed: list) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = copy.deepcopy(executed[0].metadata) if executed else {}
+    nb.cells = title_cells(deck)
+    for src in executed:
+        nb.cells.extend(select_cells(src))
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"s{i:04d}"
+        if c.cell_type == "code":
+            c.metadata.setdefault("slideshow", {})
+    return nb
+
+
+def count_slides(nb) -> int:
+    """Slides reveal.js will show: horizontal slides plus vertical subslides."""
+    return sum(1 for c in nb.cells if _slide_type(c) in ("slide", "subslide"))
+
+
+# --------------------------------------------------------------------------- executing sources
+def _hash_file(p: Path) -> str:
+    pkg = sorted((ROOT / "ddlcourse").rglob("*.py"))
+    h = hashlib.sha256(p.read_bytes())
+    for f in pkg:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def executed_copy(path: Path, execute: bool = True, timeout: int = 900) -> nbformat.NotebookNode:
+    """The notebook after running it at smoke scale (cached by the hash of it and of the package)."""
+    nb = nbformat.read(path, as_version=4)
+    if not execute:
+        return nb
+    if not nb.cells:
+        raise ValueError(f"{path} has no cells")
+    cache = SLIDES / "build" / "executed" / f"{path.stem}-{_hash_file(path)}.ipynb"
+    if cache.exists():
+        return nbformat.read(cache, as_version=4)
+    from nbclient import NotebookClient
+    # smoke scale, and the inline backend so that figures become outputs (tests set MPLBACKEND=Agg)
+    saved = {k: os.environ.get(k) for k in ("DDLCOURSE_SCALE", "MPLBACKEND")}
+    os.environ.update(DDLCOURSE_SCALE="smoke", MPLBACKEND="module://matplotlib_inline.backend_inline")
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    for old in cache.parent.glob(f"{path.stem}-*.ipynb"):
+        old.unlink()
+    nbformat.write(nb, cache)
+    return nb
+
+
+# --------------------------------------------------------------------------- exporting
+def export_html(nb, out: Path) -> None:
+    from nbconvert import SlidesExporter
+    from traitlets.config import Config
+
+    if not (VENDOR / "reveal.js" / "dist" / "reveal.js").exists():
+        raise FileNotFoundError(f"{VENDOR}/reveal.js is missing: run 'make setup' (it installs the slide assets with npm)")
+    c = Config()
+    c.SlidesExporter.reveal_url_prefix = "../vendor/reveal.js"
+    c.SlidesExporter.require_js_url = "../vendor/require.js"
+    c.SlidesExporter.reveal_theme = "white"
+    c.SlidesExporter.reveal_transition = "none"
+    c.SlidesExporter.reveal_number = "c/t"
+    c.SlidesExporter.exclude_input_prompt = True
+    c.SlidesExporter.exclude_output_prompt = True
+    exp = SlidesExporter(config=c, template_name="ddlreveal", extra_template_basedirs=[str(SLIDES / "template")])
+    html, _ = exp.from_notebook_node(nb)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html)
+
+
+@dataclass
+class Built:
+    name: str
+    html: Path
+    slides: int
+    pdf: Path | None = None
+    pdf_pages: int = -1
+    sources: list[str] = field(default_factory=list)
+
+
+def _should_execute(path: Path, execute: str) -> bool:
+    if execute not in ("all", "lectures", "none"):
+        raise ValueError(f"execute must be 'all', 'lectures' or 'none', got {execute!r}")
+    return execute == "all" or (execute == "lectures" and path.is_relative_to(SLIDES))
+
+
+def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True, log=print) -> list[Built]:
+    """Build decks. ``execute``: ``all`` sources, only the ``lectures`` in slides/src, or ``none``."""
+    decks = [d for d in DECKS if not names or d.name in names]
+    unknown = set(names or []) - {d.name for d in DECKS}
+    if unknown:
+        raise ValueError(f"unknown deck(s) {sorted(unknown)}; decks: {', '.join(d.name for d in DECKS)}")
+    built = []
+    for d in decks:
+        t0 = time.perf_counter()
+        srcs = d.existing_sources()
+        executed = [executed_copy(p, _should_execute(p, execute)) for p in srcs]
+        nb = assemble(d, executed)
+        html = SLIDES / "decks" / f"{d.name}.html"
+        export_html(nb, html)
+        b = Built(d.name, html, count_slides(nb), sources=[str(p.relative_to(ROOT)) for p in srcs])
+        built.append(b)
+        log(f"{d.name}: {b.slides} slides from {len(srcs)} source(s) in {time.perf_counter() - t0:.1f} s")
+    if pdf:
+        print_pdfs(built, log)
+    manifest = SLIDES / "decks" / "manifest.json"
+    manifest.write_text(json.dumps([{"name": b.name, "slides": b.slides, "pdf_pages": b.pdf_pages,
+                                     "sources": b.sources} for b in built], indent=1))
+    return built
+
+
+def print_pdfs(built: list[Built], log=print) -> None:
+    from ddlcourse.browser import Chromium, StaticServer
+    (SLIDES / "pdf").mkdir(exist_ok=True)
+    with StaticServer(SLIDES) as url, Chromium() as browser:
+        for b in built:
+            b.pdf = SLIDES / "pdf" / f"{b.name}.pdf"
+            b.pdf_pages = browser.print_pdf(f"{url}/decks/{b.name}.html", b.pdf)
+            log(f"{b.name}: PDF with {b.pdf_pages} pages")
+            if b.pdf_pages != b.slides:
+                raise RuntimeError(f"{b.name}: the PDF has {b.pdf_pages} pages for {b.slides} slides")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddlcourse.slides")
+    p.add_argument("action", choices=["build", "list"])
+    p.add_argument("decks", nargs="*")
+    p.add_argument("--execute", choices=["all", "lectures", "none"], default="all",
+                   help="which sources to run first for their figures (default all, at the smoke scale)")
+    p.add_argument("--no-pdf", action="store_true")
+    a = p.parse_args(argv)
+    if a.action == "list":
+        for d in DECKS:
+            print(f"{d.name:<22} {d.minutes:>3} min  {', '.join(d.sources)}")
+        return 0
+    t0 = time.perf_counter()
+    build(a.decks or None, execute=a.execute, pdf=not a.no_pdf)
+    print(f"built in {time.perf_counter() - t0:.1f} s -> slides/decks/, slides/pdf/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
