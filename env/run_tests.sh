@@ -27,7 +27,7 @@ esac
 echo "[test] scale=$DDLCOURSE_SCALE run=$DDLCOURSE_TEST_RUN notebooks=${#NB[@]} workers=${WORKERS:-2}"
 START=$(date +%s)
 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${WORKERS:-2}" --dist loadfile \
-    --nbval --nbval-sanitize-with tests/sanitize.cfg --nbval-cell-timeout 900 \
+    --nbval-lax --nbval-sanitize-with tests/sanitize.cfg --nbval-cell-timeout 900 \
     -o addopts="" -rfE --durations 15 "${TARGETS[@]}" "$@"
 RC=$?
 echo "[test] pytest exit code $RC after $(( $(date +%s) - START )) s"
