@@ -147,7 +147,11 @@ def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0) 
     import torch.distributed as tdist
 
     if "info" in _STATE:
-        return _STATE["info"]
+        info = _STATE["info"]
+        if horovod and not info.horovod:          # torch.distributed is up; Horovod asked for later
+            _init_horovod(info.rank, info.world_size)
+            info = _STATE["info"] = DistInfo(**{**info.__dict__, "horovod": True})
+        return info
     set_threads()
     comm = _comm()
     r, n = comm.Get_rank(), comm.Get_size()
@@ -165,18 +169,22 @@ def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0) 
                                  timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     used_hvd = False
     if horovod:
-        try:
-            import horovod.torch as hvd
-        except ImportError as e:  # the course env always has it; a bare site may not
-            raise RuntimeError("Horovod is not importable here; run 'make setup', or init(horovod=False)") from e
-        hvd.init()
-        if hvd.rank() != r or hvd.size() != n:
-            raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI sees {r}/{n}")
+        _init_horovod(r, n)
         used_hvd = True
     info = DistInfo(rank=r, world_size=n, local_rank=local_rank(), device=device, backend=backend,
                     host=socket.gethostname(), horovod=used_hvd)
     _STATE["info"] = info
     return info
+
+
+def _init_horovod(r: int, n: int) -> None:
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:  # the course env always has it; a bare site may not
+        raise RuntimeError("Horovod is not importable here; run 'make setup', or init(horovod=False)") from e
+    hvd.init()
+    if hvd.rank() != r or hvd.size() != n:
+        raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI sees {r}/{n}")
 
 
 def shutdown() -> None:

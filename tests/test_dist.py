@@ -78,3 +78,16 @@ def test_subgroup_runs_smaller_worlds_inside_one_cluster(mpi):
         "if info.rank == 0: print(res)\n"
     )
     assert mpi(3, code).stdout.strip() == "[[1, 2, 3], [2, 3], [3]]"
+
+
+def test_horovod_can_be_added_after_a_torch_only_init(mpi):
+    code = (
+        "from ddlcourse import dist\n"
+        "a = dist.init(horovod=False); assert not a.horovod\n"
+        "b = dist.init(horovod=True); assert b.horovod and b.rank == a.rank\n"
+        "import horovod.torch as hvd, torch\n"
+        "s = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
+        "dist.shutdown()\n"
+        "if b.rank == 0: print(s)\n"
+    )
+    assert mpi(2, code).stdout.strip() == "2.0"
