@@ -1,0 +1,33 @@
+"""Start the course's ipyparallel MPI engines over a Slurm allocation and show where each rank runs.
+
+Run it inside an allocation (``salloc``, ``sbatch engines.sbatch``, or a JupyterLab started by
+``jupyter.sbatch``)::
+
+    salloc --nodes=2 --ntasks-per-node=4 --cpus-per-task=8 python env/slurm/engines.py
+
+``ddlcourse.cluster.MPICluster()`` sees ``SLURM_JOB_ID``/``SLURM_NTASKS`` and launches one engine per task
+with ``srun`` (``--mpi=$DDLCOURSE_SRUN_MPI``), the controller listening on all interfaces so engines on
+other nodes can reach it. This script is the same three lines a notebook runs; it also checks that
+mpi4py, torch.distributed and Horovod all sum correctly across the engines.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    from ddlcourse import checks, cluster
+
+    if not cluster.in_slurm_allocation():
+        print("not inside a Slurm allocation: run it under salloc or sbatch (see env/slurm/README.md)")
+        return 2
+    with cluster.MPICluster() as c:           # n = $SLURM_NTASKS, launcher = srun
+        c.report()
+        results = c.run(checks.allreduce_three_ways, 4)
+        ok = checks.agree(results, c.n, 4)
+        print(f"engines via {cluster.launch_command(c.n)[0]}: {c.n} rank(s); allreduce three ways agree: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

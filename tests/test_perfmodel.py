@@ -1,0 +1,89 @@
+"""ddlcourse.perfmodel: known answers of the alpha-beta collectives, the step model, the fit, and the
+validation against published results (every point within 15%)."""
+import json
+import math
+
+import pytest
+
+from ddlcourse import perfmodel as pm
+
+LINK = pm.Link(alpha=5e-6, bandwidth=10e9)
+
+
+def test_ring_known_answer():
+    # p = 4, 1 MB: 2*3*5 us + 2*(3/4)*1e6 B / 1e10 B/s = 30 us + 150 us
+    assert pm.ring_allreduce_time(1e6, 4, LINK) == pytest.approx(180e-6)
+    assert pm.ring_allreduce_time(1e6, 1, LINK) == 0.0
+
+
+def test_tree_known_answer_and_crossover():
+    # p = 1024: 2*10*5 us + 2*n*beta
+    assert pm.tree_allreduce_time(1e3, 1024, LINK) == pytest.approx(100e-6 + 2e3 / 10e9)
+    # small message, many ranks: the tree's log latency wins; big message, few ranks: the ring wins
+    assert pm.allreduce_time(1e3, 1024, LINK, "tree") < pm.allreduce_time(1e3, 1024, LINK, "ring")
+    assert pm.allreduce_time(1e9, 4, LINK, "ring") < pm.allreduce_time(1e9, 4, LINK, "tree")
+    assert pm.allreduce_time(1e9, 4, LINK) == pm.allreduce_time(1e9, 4, LINK, "ring")
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="ring"):
+        pm.allreduce_time(1e6, 4, LINK, "butterfly")
+    with pytest.raises(ValueError, match="multiple of num_stages"):
+        pm.step(pm.RESNET50, pm.SYSTEMS["summit"], 6, num_stages=4)
+    with pytest.raises(ValueError):
+        pm.fit_alpha_beta([1.0], [1.0])
+
+
+def test_fit_recovers_alpha_beta():
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    times = [pm.ring_allreduce_time(n, 2, LINK) for n in sizes]
+    fit = pm.fit_alpha_beta(sizes, times, p=2)
+    assert fit.alpha == pytest.approx(LINK.alpha, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(LINK.bandwidth, rel=1e-6)
+
+
+def test_buckets_and_overlap():
+    assert pm.bucket_sizes(102e6, 25e6) == pytest.approx([25e6] * 4 + [2e6])
+    ar = lambda n: n / 1e9  # noqa: E731  1 GB/s, no latency
+    # no overlap: compute, then every bucket one after another
+    assert pm.comm_schedule(1.0, 2.0, [1e9, 1e9], ar, overlap=False) == pytest.approx(5.0)
+    # overlap: bucket 0 ready at 2.0 -> done 3.0; bucket 1 ready at 3.0 -> done 4.0
+    assert pm.comm_schedule(1.0, 2.0, [1e9, 1e9], ar, overlap=True) == pytest.approx(4.0)
+
+
+def test_perfect_network_and_no_jitter_scale_linearly():
+    fast = pm.System("ideal", 8, 1e12, pm.Link(0.0, 1e30), pm.Link(0.0, 1e30))
+    rows = pm.predict(pm.RESNET50, fast, [1, 2, 64, 4096], jitter_cv=0.0)
+    assert all(r.efficiency == pytest.approx(1.0) for r in rows)
+
+
+def test_slower_network_fp16_and_stragglers_move_the_right_way():
+    base = pm.what_if()
+    assert pm.what_if(inter=pm.Link(5e-6, 1.25e9))["efficiency"] < base["efficiency"]
+    assert pm.what_if(bytes_per_grad=2)["comm_time"] == pytest.approx(base["comm_time"] / 2, rel=0.2)
+    assert pm.what_if(jitter_cv=0.0)["efficiency"] > base["efficiency"]
+    assert pm.expected_max_normal(1) == 0.0
+    assert pm.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=0.05)  # exact: 0.564
+
+
+def test_every_published_point_within_15_percent():
+    rows = pm.validate()
+    assert len(rows) == len(pm.PUBLISHED) == 5
+    print("\n" + pm.format_validation(rows))
+    assert all(r["within"] for r in rows), pm.format_validation(rows)
+
+
+def test_measure_allreduce_on_two_ranks_and_fit(mpi):
+    code = ("import json; from ddlcourse import perfmodel as pm; from mpi4py import MPI\n"
+            "t = pm.measure_allreduce([4096, 262144, 1048576], repeats=3)\n"
+            "if MPI.COMM_WORLD.rank == 0: print('RESULT', json.dumps(t))")
+    out = mpi(2, code).stdout
+    t = {int(k): v for k, v in json.loads(out.split("RESULT", 1)[1]).items()}
+    assert sorted(t) == [4096, 262144, 1048576] and all(v > 0 for v in t.values())
+    link = pm.fit_alpha_beta(list(t), list(t.values()), p=2)
+    assert link.alpha > 0 and link.bandwidth > 0
+
+
+def test_measure_compute():
+    c = pm.measure_compute(micro_batch=4, image=16, repeats=1)
+    assert c["t_sample"] > 0 and c["n_params"] > 0

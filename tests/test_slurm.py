@@ -1,0 +1,228 @@
+"""The Slurm templates of env/slurm/, checked two ways.
+
+* Dry run (always, fast): each template renders the command it would run, without Slurm.
+* A real single-node Slurm on loopback (slow, part of ``make test``): ``env/slurm/local_slurm.sh`` starts
+  munged + slurmctld + slurmd with a generated config under a temp dir; we submit ``lab.sbatch`` on 2 tasks,
+  check its summary file, start the course's MPI engines through srun from Python inside ``salloc``, and
+  stop everything. It needs root (slurmd starts jobs as their user); if ``slurmctld`` is missing it installs
+  Debian's ``slurm-wlm`` and ``munge`` with apt-get (bounded time). Without root or apt it is skipped, with
+  the reason, and the dry-run tests remain.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM_DIR = ROOT / "env" / "slurm"
+TEMPLATES = ["lab.sbatch", "engines.sbatch", "jupyter.sbatch", "local_slurm.sh"]
+
+
+def _clean_env(**extra) -> dict:
+    """This environment without any Slurm job variables (the test may itself run inside a job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
+    env.update(DDLCOURSE_PYTHON=sys.executable, DDLCOURSE_SCALE="smoke", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _bash(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], capture_output=True, text=True, cwd=ROOT, env=env or _clean_env(),
+                          timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------- dry run
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_syntax(name):
+    p = _bash("-n", str(SLURM_DIR / name))
+    assert p.returncode == 0, p.stderr
+
+
+def test_lab_template_dry_run_cpu():
+    env = _clean_env(DDLCOURSE_DRY_RUN="1", SLURM_CPUS_PER_TASK="4")
+    p = _bash(str(SLURM_DIR / "lab.sbatch"), "maize", "--scale", "smoke", "--backend", "horovod", env=env)
+    assert p.returncode == 0, p.stderr
+    cmd = p.stdout.split()
+    assert cmd[:2] == ["srun", "--mpi=pmi2"] and "--cpus-per-task=4" in cmd
+    assert cmd[cmd.index("-m"):] == ["-m", "ddlcourse", "run", "maize", "--scale", "smoke", "--backend", "horovod"]
+    assert "--gpu-bind=none" not in cmd  # no GPU option on CPU nodes
+
+
+def test_lab_template_dry_run_gpu():
+    env = _clean_env(DDLCOURSE_DRY_RUN="1", SLURM_GPUS_ON_NODE="4", DDLCOURSE_SRUN_MPI="pmix")
+    p = _bash(str(SLURM_DIR / "lab.sbatch"), "seismic", "--scale", "cluster", env=env)
+    assert p.returncode == 0, p.stderr
+    cmd = p.stdout.split()
+    assert "--mpi=pmix" in cmd and "--gpu-bind=none" in cmd and "--cpus-per-task=1" in cmd
+
+
+def test_lab_template_needs_a_case():
+    p = _bash(str(SLURM_DIR / "lab.sbatch"), env=_clean_env(DDLCOURSE_DRY_RUN="1"))
+    assert p.returncode != 0 and "usage" in p.stderr
+
+
+def test_jupyter_template_dry_run():
+    env = _clean_env(DDLCOURSE_DRY_RUN="1", DDLCOURSE_JUPYTER_PORT="8999", JUPYTER_TOKEN="abc",
+                     DDLCOURSE_LOGIN_HOST="login1", USER="alice")
+    p = _bash(str(SLURM_DIR / "jupyter.sbatch"), env=env)
+    assert p.returncode == 0, p.stderr
+    assert "ssh -N -L 8888:127.0.0.1:8999 -J alice@login1 alice@" in p.stdout
+    assert "http://127.0.0.1:8888/lab?token=abc" in p.stdout
+    assert "--ip=127.0.0.1 --port=8999" in p.stdout  # loopback only, never all interfaces by default
+
+
+def test_engines_template_dry_run():
+    p = _bash(str(SLURM_DIR / "engines.sbatch"), env=_clean_env(DDLCOURSE_DRY_RUN="1"))
+    assert p.returncode == 0 and p.stdout.split()[-1] == "env/slurm/engines.py"
+
+
+def test_generated_config(tmp_path):
+    p = _bash(str(SLURM_DIR / "local_slurm.sh"), "config", str(tmp_path / "s"))
+    assert p.returncode == 0, p.stderr
+    conf = dict(line.split("=", 1) for line in (tmp_path / "s" / "slurm.conf").read_text().splitlines()
+                if "=" in line and not line.startswith("#") and not line.startswith(("NodeName", "PartitionName")))
+    assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
+    assert conf["SelectType"] == "select/cons_tres" and conf["SlurmctldHost"].endswith("(127.0.0.1)")
+    assert conf["StateSaveLocation"].startswith(str(tmp_path))
+
+
+def test_launch_command_in_allocation(monkeypatch):
+    from ddlcourse import cluster
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmi2")
+    assert cluster.in_slurm_allocation() and cluster.default_n() == 3
+    if shutil.which("srun"):
+        launcher, cmd, args = cluster.launch_command(3, threads_per_rank=2)
+        assert launcher == "srun" and "--mpi=pmi2" in args and "--cpus-per-task=2" in args
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert not cluster.in_slurm_allocation() and cluster.default_n() == 2
+
+
+# ----------------------------------------------------------------------------------------- real Slurm
+def _ensure_slurm() -> str | None:
+    """None when slurmctld/slurmd/munged/sbatch are here (installing them if we can), else the reason."""
+    needed = ("slurmctld", "slurmd", "munged", "sbatch", "salloc")
+    if all(shutil.which(x) for x in needed):
+        return None if os.geteuid() == 0 else "not root: slurmd must run as root to start jobs"
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "slurm-wlm/munge are not installed and this is not a root Debian machine to apt-get them on"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"]):
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+            if p.returncode != 0:
+                return f"{' '.join(cmd)} failed: {p.stderr[-500:]}"
+    except subprocess.TimeoutExpired:
+        return "apt-get install slurm-wlm munge took more than 10 minutes"
+    return None if all(shutil.which(x) for x in needed) else "apt-get ran but slurmctld is still missing"
+
+
+def _daemon_pids(state: Path) -> dict[str, int]:
+    out = {}
+    for name in ("munged", "slurmctld", "slurmd"):
+        f = state / "run" / f"{name}.pid"
+        if f.exists():
+            out[name] = int(f.read_text().strip())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = _ensure_slurm()
+    if reason:
+        pytest.skip(f"no real Slurm here ({reason}); the templates are checked in dry-run mode")
+    state = tmp_path_factory.mktemp("slurm")
+    t0 = time.perf_counter()
+    p = _bash(str(SLURM_DIR / "local_slurm.sh"), "start", str(state), timeout=120)
+    pids = _daemon_pids(state)
+    try:
+        assert p.returncode == 0, f"local Slurm did not start:\n{p.stdout}\n{p.stderr}"
+        print(f"\n[slurm] daemons up in {time.perf_counter() - t0:.1f} s: {pids}")
+        yield state
+    finally:
+        _bash(str(SLURM_DIR / "local_slurm.sh"), "stop", str(state), timeout=120)
+        time.sleep(0.5)
+        stray = {n: pid for n, pid in pids.items() if _alive(pid)}
+        assert not stray, f"daemons survived the stop: {stray}"
+        steps = subprocess.run(["pgrep", "-f", f"slurmstepd.*{state}"], capture_output=True, text=True).stdout
+        assert not steps.strip(), f"stray slurmstepd: {steps}"
+
+
+def _slurm_env(state: Path, **extra) -> dict:
+    return _clean_env(SLURM_CONF=str(state / "slurm.conf"), DDLCOURSE_CPU_BIND="none",
+                      DDLCOURSE_SRUN_MPI="pmi2", **extra)
+
+
+def _wait_for_job(job_id: str, env: dict, timeout: float = 600, pending_timeout: float = 120) -> str:
+    t0 = time.time()
+    while True:
+        q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True, env=env)
+        state = q.stdout.strip()
+        if not state:
+            break
+        waited = time.time() - t0
+        if waited > timeout or (state.startswith("PENDING") and waited > pending_timeout):
+            subprocess.run(["scancel", job_id], env=env)
+            raise AssertionError(f"job {job_id} is {state!r} after {waited:.0f} s")
+        time.sleep(0.5)
+    s = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env).stdout
+    return s
+
+
+def _smoke_case() -> list[str]:
+    """The first lab that exists, at smoke scale; the allreduce check while no lab is written yet."""
+    from ddlcourse import cases
+    names = cases.available()
+    return [names[0], "--scale", "smoke"] if names else ["check"]
+
+
+@pytest.mark.slow
+def test_lab_batch_job_on_two_tasks(slurm, tmp_path):
+    env = _slurm_env(slurm, DDLCOURSE_RESULTS=str(tmp_path / "results"))
+    args = _smoke_case()
+    t0 = time.perf_counter()
+    p = subprocess.run(["sbatch", "--parsable", "--ntasks=2", "--time=15", "--cpus-per-task=1", "--chdir", str(ROOT),
+                        "-o", str(tmp_path / "job-%j.out"), str(SLURM_DIR / "lab.sbatch"), *args],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip().split(";")[0]
+    info = _wait_for_job(job_id, env)
+    out = (tmp_path / f"job-{job_id}.out").read_text()
+    print(f"[slurm] lab.sbatch {' '.join(args)}: job {job_id} done in {time.perf_counter() - t0:.1f} s")
+    assert "JobState=COMPLETED" in info, f"{info}\n{out}"
+    summary = json.loads((tmp_path / "results" / "slurm" / f"ddl-lab-{job_id}.json").read_text())
+    assert summary["exit_code"] == 0 and summary["ntasks"] == 2 and summary["case"] == args[0], summary
+    if args[0] != "check":  # the lab's own result file, under $DDLCOURSE_RESULTS/<case>/
+        written = list((tmp_path / "results" / args[0]).glob("result*.json"))
+        assert written, f"no result*.json under results/{args[0]}:\n{out[-3000:]}"
+        json.loads(written[0].read_text())
+    if args == ["check"]:
+        assert "all three agree with the expected sum [3.0, 3.0, 3.0, 3.0]: True" in out, out
+
+
+@pytest.mark.slow
+def test_engines_through_srun_inside_salloc(slurm, tmp_path):
+    env = _slurm_env(slurm, DDLCOURSE_RUNTIME_DIR=str(tmp_path / "rt"))
+    t0 = time.perf_counter()
+    p = subprocess.run(["salloc", "-n", "2", "--immediate=120", "--time=10", sys.executable, str(SLURM_DIR / "engines.py")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    print(f"[slurm] salloc + MPICluster via srun: {time.perf_counter() - t0:.1f} s")
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert "2 engine(s) on 1 host(s) via srun" in p.stdout
+    assert "engines via srun: 2 rank(s); allreduce three ways agree: True" in p.stdout, p.stdout
