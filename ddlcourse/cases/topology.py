@@ -1,0 +1,334 @@
+"""Case study: a U-Net surrogate for topology optimisation, trained data-parallel with several optimizers.
+
+    cfg = topology.make_config(scale="smoke", optimizer="lamb", global_batch=16)
+    result = topology.train(cfg)                                    # on every rank
+
+    mpiexec -n 2 python -m ddlcourse run topology --scale smoke --backend ddp --optimizer adam
+
+The data (``ddlcourse.data.topology``) are made in parallel, each rank solving its own chunks with the SIMP
+solver, then shared: like ``DistributedSampler``, every rank then reads its slice of each global batch,
+so the sequence of global batches, and therefore the loss curve, does not depend on the number of ranks.
+
+Metrics (reduced over ranks from sufficient statistics, never taken from rank 0's shard):
+IoU and accuracy of the solid phase (threshold 0.5), the volume-fraction error, and the physics metric:
+the compliance of the predicted design, re-solved by finite elements, over the compliance of SIMP's design.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ddlcourse import config, metrics, training
+from ddlcourse.data import topology as data
+from ddlcourse.models.topology import UNet, n_parameters
+from ddlcourse.physics import simp
+
+CASE = "topology"
+
+
+@dataclass
+class Config:
+    scale: str = "smoke"
+    backend: str = "ddp"
+    ranks: int | None = None          # first k MPI ranks (scaling inside one cluster); None = all
+    seed: int = 0
+    # data
+    ny: int = 16
+    nx: int = 32
+    n_train: int = 32
+    n_val: int = 8
+    chunk_size: int = 4
+    maxloop: int = 20
+    resolution: int = 1               # grid multiplier (2 = the fine grid of the resolution transfer)
+    train_seed: int = 1               # data seeds: train and validation sets never overlap
+    val_seed: int = 2
+    # model and optimisation
+    width: int = 8
+    depth: int = 2
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    lr_rule: str = "none"             # scale lr with global_batch / base_batch: none | linear | sqrt
+    base_batch: int = 8
+    warmup_steps: int = 0
+    global_batch: int = 8
+    epochs: int = 3
+    target_loss: float = 0.5          # for "steps to target loss"
+    # run control
+    run_name: str = "default"
+    resume: bool = True               # continue from the last checkpoint of run_name
+    init_from: str | None = None      # start from the weights of another run (fine-tuning)
+    physics_metric: bool = True
+    max_physics: int = 64             # at most this many validation designs are re-solved
+    use_cache: bool = True
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.ny * self.resolution, self.nx * self.resolution)
+
+    def data_settings(self, split: str) -> dict:
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        n = self.n_train if split == "train" else self.n_val
+        seed = self.train_seed if split == "train" else self.val_seed
+        return data.make_settings(self.shape, n, seed=seed, chunk_size=self.chunk_size, maxloop=self.maxloop,
+                                  base_nx=self.nx)
+
+
+def make_config(scale: str | None = None, **overrides) -> Config:
+    """The config at a scale profile (section ``topology`` of :mod:`ddlcourse.config`), with overrides."""
+    s = config.sizes(CASE, scale=scale)
+    fields = {k: getattr(s, k) for k in ("ny", "nx", "n_train", "n_val", "chunk_size", "maxloop", "width",
+                                         "depth", "epochs", "global_batch", "lr", "target_loss")}
+    fields.update(base_batch=s.global_batch, scale=s.scale)
+    unknown = set(overrides) - set(Config.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown topology config field(s) {sorted(unknown)}")
+    fields.update(overrides)
+    return Config(**fields)
+
+
+# --------------------------------------------------------------------------- metrics
+def design_stats(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Sufficient statistics of a batch of designs ``(n, *grid)`` in [0, 1]:
+    ``[TP, FP, FN, TN of solid (threshold 0.5), sum |volume error|, n designs]``."""
+    p, t = pred > 0.5, target > 0.5
+    vf_err = np.abs(pred.reshape(len(pred), -1).mean(1) - target.reshape(len(target), -1).mean(1))
+    return np.array([(p & t).sum(), (p & ~t).sum(), (~p & t).sum(), (~p & ~t).sum(), vf_err.sum(), len(pred)],
+                    dtype=np.float64)
+
+
+def scores(stats: np.ndarray) -> dict:
+    """IoU and accuracy of the solid phase, and the mean volume-fraction error, from summed statistics."""
+    tp, fp, fn, tn, vf, n = stats
+    return dict(iou=float(tp / max(tp + fp + fn, 1)), accuracy=float((tp + tn) / max(tp + fp + fn + tn, 1)),
+                vf_error=float(vf / max(n, 1)))
+
+
+def compliance_ratios(pred: np.ndarray, params: np.ndarray, c_simp: np.ndarray, shape) -> np.ndarray:
+    """Compliance of each predicted design (re-solved, SIMP's p = 3) over the compliance of SIMP's design.
+
+    1 means as stiff as SIMP's design; larger is worse. A design that is not connected to its supports
+    gives a huge ratio (void has Emin = 1e-9), so the lab reports the median as well as the mean.
+    """
+    out = []
+    for x, par, c in zip(pred, params, c_simp):
+        out.append(simp.compliance(data.problem_from_params(par, shape), x) / c)
+    return np.asarray(out)
+
+
+def _reduce(x, comm) -> np.ndarray:
+    return metrics.allreduce_sum(np.asarray(x, np.float64), comm)
+
+
+# --------------------------------------------------------------------------- training
+def _batch(d: dict, idx: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(d["inputs"][idx]).to(device)                 # (micro_batch, C, ny, nx)
+    y = torch.from_numpy(d["target"][idx]).unsqueeze(1).to(device)    # (micro_batch, 1, ny, nx)
+    return x, y
+
+
+def _lr(cfg: Config) -> float:
+    from ddlcourse.schedules import scaled_lr
+    return scaled_lr(cfg.lr, cfg.global_batch, cfg.base_batch, cfg.lr_rule)
+
+
+def _optimizer(name: str, params, lr: float):
+    from ddlcourse.optim import make_optimizer
+    return make_optimizer(name, params, lr)
+
+
+@torch.no_grad()
+def evaluate(model, val: dict, ctx, cfg: Config, mean_design: np.ndarray | None = None) -> dict:
+    """Metrics of ``model`` on this rank's validation shard, reduced over the run's ranks."""
+    model.eval()
+    own = np.arange(ctx.rank, len(val["target"]), ctx.world_size)     # disjoint, nothing missing
+    preds, loss_sum = [], 0.0
+    for s in range(0, len(own), 16):
+        x, y = _batch(val, own[s:s + 16], ctx.device)
+        logits = model(x)
+        loss_sum += F.binary_cross_entropy_with_logits(logits, y, reduction="sum").item() / y[0].numel()
+        preds.append(torch.sigmoid(logits)[:, 0].cpu().numpy())
+    pred = np.concatenate(preds) if preds else np.zeros((0, *cfg.shape), np.float32)
+    target = val["target"][own]
+    stats = _reduce(design_stats(pred, target), ctx.comm)
+    out = scores(stats)
+    out["loss"] = float(_reduce([loss_sum], ctx.comm)[0] / len(val["target"]))
+    if cfg.physics_metric:
+        keep = own[own < cfg.max_physics]
+        r = compliance_ratios(pred[: len(keep)], val["params"][keep], val["compliance"][keep], cfg.shape)
+        allr = metrics.allgather_concat(r, ctx.comm)
+        out.update(compliance_ratio_mean=float(allr.mean()), compliance_ratio_median=float(np.median(allr)))
+    if mean_design is not None:   # the trivial baseline: the mean design of the training set, for every input
+        base = np.broadcast_to(mean_design, target.shape)
+        b = scores(_reduce(design_stats(base, target), ctx.comm))
+        out.update({f"baseline_{k}": v for k, v in b.items()})
+        if cfg.physics_metric:
+            keep = own[own < cfg.max_physics]
+            r = compliance_ratios(base[: len(keep)], val["params"][keep], val["compliance"][keep], cfg.shape)
+            out["baseline_compliance_ratio_median"] = float(np.median(metrics.allgather_concat(r, ctx.comm)))
+    model.train()
+    return out
+
+
+def train(cfg: Config, progress_file: str | None = None) -> dict | None:
+    """Train (or resume) the surrogate; returns the same result dict on every rank that takes part."""
+    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+    if ctx is None:
+        return None
+    torch.set_num_threads(1)
+    G, n = cfg.global_batch, ctx.world_size
+    if G % n:
+        raise ValueError(f"global_batch {G} must be divisible by the number of ranks {n}")
+    micro = G // n
+    # data: each rank solves its own chunks (cached), then the shards are shared (see module docstring)
+    t0 = time.perf_counter()
+    tr = data.gather(cfg.data_settings("train"), ctx.comm, use_cache=cfg.use_cache)
+    val = data.gather(cfg.data_settings("val"), ctx.comm, use_cache=cfg.use_cache)
+    t_data = time.perf_counter() - t0
+    steps_per_epoch = cfg.n_train // G
+    if steps_per_epoch < 1:
+        raise ValueError(f"global_batch {G} is larger than the training set ({cfg.n_train})")
+
+    model = UNet(in_ch=tr["inputs"].shape[1], width=cfg.width, depth=cfg.depth, dim=len(cfg.shape)).to(ctx.device)
+    if cfg.init_from:
+        ck = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.init_from, ctx)
+        done, _ = ck.load(model)
+        if done == 0:
+            raise ValueError(f"init_from={cfg.init_from!r}: no checkpoint in {ck.folder}; train that run first")
+    opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg))
+    from ddlcourse.schedules import with_warmup
+    sched = with_warmup(opt, cfg.warmup_steps)
+    ckpt = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.run_name, ctx)
+    if not cfg.resume:
+        ckpt.clear()
+    start_epoch, extra = ckpt.load(model, opt)
+    history = list(extra.get("history", []))            # (step, global loss, seconds)
+    step = int(extra.get("step", 0))
+    for _ in range(step):
+        sched.step()
+    ddp_model, opt = ctx.wrap(model, opt)
+
+    bar = ctx.progress(max(0, cfg.epochs - start_epoch) * steps_per_epoch, desc=f"{CASE} {cfg.optimizer} G={G}")
+    t_train = float(extra.get("seconds", 0.0))
+    for epoch in range(start_epoch, cfg.epochs):
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(cfg.n_train)   # same on every rank
+        te = time.perf_counter()
+        for s in range(steps_per_epoch):
+            glob = order[s * G:(s + 1) * G]
+            x, y = _batch(tr, glob[ctx.rank * micro:(ctx.rank + 1) * micro], ctx.device)
+            loss = F.binary_cross_entropy_with_logits(ddp_model(x), y)   # mean over my micro-batch
+            opt.zero_grad()
+            loss.backward()                                              # gradients averaged over ranks
+            opt.step()
+            sched.step()
+            step += 1
+            gloss = ctx.comm.allreduce(loss.item()) / n                  # equal micro-batches: mean of means
+            history.append((step, gloss, t_train + time.perf_counter() - te))
+            bar.update(loss=gloss)
+        t_train += time.perf_counter() - te
+        ckpt.save(epoch + 1, model, opt, history=history, step=step, seconds=t_train)
+    bar.close()
+
+    mean_design = tr["target"].mean(0)
+    ev = evaluate(model, val, ctx, cfg, mean_design)
+    hit = [h[0] for h in history if h[1] <= cfg.target_loss]
+    return dict(world_size=n, optimizer=cfg.optimizer, global_batch=G, lr=_lr(cfg), epochs=cfg.epochs,
+                steps=step, samples=step * G, seconds=t_train, data_seconds=t_data,
+                steps_to_target=hit[0] if hit else None,
+                seconds_to_target=next((h[2] for h in history if h[1] <= cfg.target_loss), None),
+                history=history, metrics=ev, n_params=n_parameters(model), shape=list(cfg.shape),
+                run_name=cfg.run_name)
+
+
+def predict(cfg: Config, split: str = "val", n: int = 4) -> dict:
+    """Serial helper for pictures: the first ``n`` designs of a split, SIMP's and the trained run's."""
+    d = data.load(cfg.data_settings(split), use_cache=cfg.use_cache)
+    model = UNet(in_ch=d["inputs"].shape[1], width=cfg.width, depth=cfg.depth, dim=len(cfg.shape))
+    done, _ = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.run_name).load(model)
+    if done == 0:
+        raise ValueError(f"run {cfg.run_name!r} has no checkpoint; train it first")
+    with torch.no_grad():
+        pred = torch.sigmoid(model(torch.from_numpy(d["inputs"][:n])))[:, 0].numpy()
+    return dict(inputs=d["inputs"][:n], target=d["target"][:n], pred=pred)
+
+
+# --------------------------------------------------------------------------- command line
+def cli(argv: list[str], scale: str | None = None, backend: str = "ddp") -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddlcourse run topology",
+                                 description="Train the topology-optimisation surrogate (run under mpiexec/srun).")
+    ap.add_argument("--optimizer", default="adam", help="sgd | adam | lars | lamb | shampoo")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--global-batch", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--run-name", default="cli")
+    ap.add_argument("--fresh", action="store_true", help="ignore existing checkpoints of this run")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    over = {k: v for k, v in dict(lr=a.lr, global_batch=a.global_batch, epochs=a.epochs).items() if v is not None}
+    cfg = make_config(scale, backend=backend, optimizer=a.optimizer, run_name=a.run_name, resume=not a.fresh,
+                      seed=a.seed, **over)
+    res = train(cfg)
+    from ddlcourse import dist
+    if res is not None and dist.rank() == 0:
+        summary = {k: v for k, v in res.items() if k != "history"}
+        summary["final_loss"] = res["history"][-1][1] if res["history"] else None
+        print(json.dumps(summary, indent=1, default=float))
+    dist.shutdown()
+    return 0
+
+
+__all__ = ["Config", "make_config", "train", "evaluate", "predict", "design_stats", "scores",
+           "compliance_ratios", "cli"]
+
+
+# --------------------------------------------------------------------------- pictures
+def _problem_picture(inputs: np.ndarray) -> np.ndarray:
+    """One image of a problem's channels: supports (+1), the loaded elements (-1)."""
+    dim = (inputs.shape[0] - 1) // 2
+    fixed = inputs[1 + dim:].max(0)
+    load = np.abs(inputs[1:1 + dim]).sum(0) > 0
+    return fixed - load.astype(float)
+
+
+def plot_designs(inputs, target, pred=None, titles=("problem", "SIMP", "U-Net"), path=None):
+    """Rows of samples: the problem (supports light, load dark), SIMP's design, and the prediction if given."""
+    import matplotlib.pyplot as plt
+    cols = 2 if pred is None else 3
+    n = len(target)
+    fig, axes = plt.subplots(n, cols, figsize=(2.6 * cols, 1.5 * n), squeeze=False)
+    for i in range(n):
+        imgs = [_problem_picture(inputs[i]), target[i]] + ([] if pred is None else [pred[i]])
+        for j, img in enumerate(imgs):
+            ax = axes[i, j]
+            ax.imshow(img, cmap="coolwarm" if j == 0 else "gray_r", vmin=-1 if j == 0 else 0, vmax=1)
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(titles[j], fontsize=9)
+        axes[i, 0].set_ylabel(f"vf {inputs[i][0].flat[0]:.2f}", fontsize=8)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_loss_curves(results: dict, target_loss: float | None = None, x: str = "step", ax=None):
+    """Training loss against steps (``x='step'``) or seconds (``x='seconds'``) for several runs {label: result}."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.6, 3.2))
+    for label, r in results.items():
+        h = np.asarray(r["history"])
+        ax.plot(h[:, 0 if x == "step" else 2], h[:, 1], label=label, lw=1.2)
+    if target_loss is not None:
+        ax.axhline(target_loss, color="k", ls=":", lw=1)
+    ax.set_xlabel("optimizer step" if x == "step" else "seconds")
+    ax.set_ylabel("training loss (BCE)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return ax
