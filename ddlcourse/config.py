@@ -84,10 +84,10 @@ PROFILES: dict[str, dict[str, dict]] = {
         "cluster": dict(n_ranks=8, n_train=16384, n_test=2048, image_size=32, width=32, micro_batch=4, steps=600, lr=0.05),
     },
     "large_batch": {  # 07: global batches compared; steps shrink as the batch grows (same epochs)
-        "smoke": dict(n_ranks=2, n_train=1024, dim=16, hidden=64, base_batch=32, global_batches=[32, 256],
+        "smoke": dict(n_ranks=2, n_train=512, dim=16, hidden=32, base_batch=32, global_batches=[32, 256],
                       epochs=1, warmup_frac=0.1),
-        "laptop": dict(n_ranks=2, n_train=8192, dim=16, hidden=128, base_batch=32, global_batches=[32, 256, 1024],
-                       epochs=3, warmup_frac=0.1),
+        "laptop": dict(n_ranks=2, n_train=2048, dim=16, hidden=64, base_batch=32, global_batches=[32, 256, 1024],
+                       epochs=2, warmup_frac=0.1),
         "cluster": dict(n_ranks=8, n_train=65536, dim=32, hidden=512, base_batch=64,
                         global_batches=[64, 1024, 8192], epochs=10, warmup_frac=0.1),
     },
@@ -131,7 +131,7 @@ PROFILES: dict[str, dict[str, dict]] = {
     },
     "federated": {
         "smoke": dict(n_ranks=4, n_train=600, rounds=4, local_epochs=[1, 3], alpha=0.2, batch_size=32, lr=0.1),
-        "laptop": dict(n_ranks=4, n_train=4000, rounds=30, local_epochs=[1, 2, 5], alpha=0.2, batch_size=32,
+        "laptop": dict(n_ranks=4, n_train=3000, rounds=20, local_epochs=[1, 4], alpha=0.2, batch_size=32,
                        lr=0.1),
         "cluster": dict(n_ranks=8, n_train=20000, rounds=50, local_epochs=[1, 2, 5], alpha=0.2, batch_size=32,
                         lr=0.1),
