@@ -23,6 +23,8 @@ EXERCISES: dict[str, tuple[Callable, str]] = {}
 def exercise(name: str, hint: str):
     """Register ``fn`` as the reference answer of exercise ``name``."""
     def deco(fn):
+        if name in EXERCISES and EXERCISES[name][0].__module__ != fn.__module__:
+            raise ValueError(f"exercise {name!r} is defined twice ({EXERCISES[name][0].__module__} and {fn.__module__})")
         EXERCISES[name] = (fn, hint)
         return fn
     return deco
