@@ -1,0 +1,466 @@
+"""Case study: 3-D seismic facies classification, 2-D sections against 3-D cubes, past one rank's memory.
+
+``train(cfg)`` runs on every rank (ipyparallel engines or ``mpiexec``) and returns a result dict on each.
+The options that make this case (besides the sizes of the ``lab_seismic`` scale section):
+
+* ``model``   -- ``"2d"``: a U-Net on inline sections (each cube is cut into its ``x`` sections);
+                 ``"3d"``: a U-Net on whole cubes.
+* ``spatial`` -- ranks that share one cube (3-D only): the cube's depth is split into ``spatial`` slabs,
+                 one per rank, with halo exchange in every convolution (``ddlcourse.parallel.spatial``).
+                 The ``world_size`` ranks form ``world_size / spatial`` data-parallel groups.
+* ``memory_budget_mb`` -- the activation memory one rank may use for one cube (its slab); a cube that
+                 needs more is refused before training, as a device would refuse it with out-of-memory.
+
+Gradients. Each rank processes its cubes (its slabs of them) one at a time and accumulates gradients of
+``loss_r = sum of its voxels' cross-entropy / (voxels per cube * global_batch)``: summed over all ranks,
+``loss_r`` is the mean loss of the global batch. Every rank then scales by ``world_size`` and takes the mean
+over ranks (one allreduce, the rule of notebook 03), which gives the serial gradient of the global batch
+for any split into data-parallel groups and spatial slabs.
+
+Data order. The global batch ``k`` of an epoch is a block of consecutive volumes (chunks); rank ``r`` of
+the data-parallel groups uses the volumes of the block that it owns (``chunk % n_dp == r``), so the global
+batch is the same for any number of ranks, and the loss trajectory too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ddlcourse import metrics, training
+from ddlcourse.data import seismic as data
+from ddlcourse.models import seismic as models
+
+CASE = "seismic"
+MODELS = ("2d", "3d")
+
+
+class MemoryBudgetError(ValueError):
+    """The activations of one cube (slab) do not fit the per-rank memory budget."""
+
+
+# --------------------------------------------------------------------------- configuration
+def make_cfg(scale: str | None = None, **overrides) -> SimpleNamespace:
+    """The lab's config: the ``lab_seismic`` sizes at ``scale`` plus run options (overridable)."""
+    from ddlcourse import config
+    sizes = vars(config.sizes("lab_seismic", scale))
+    cfg = dict(model="3d", spatial=1, backend="ddp", ranks=None, seed=0, run_name=None, resume=True,
+               memory_budget_mb=sizes.get("memory_budget_mb", 0.0), cube=None, return_example=False)
+    cfg.update(sizes)
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise ValueError(f"unknown seismic option(s) {sorted(unknown)}; known: {sorted(cfg)}")
+    cfg.update(overrides)
+    if cfg["cube"] is None:
+        cfg["cube"] = list(sizes["cube"])
+    return SimpleNamespace(**cfg)
+
+
+def check_cfg(cfg, world_size: int) -> None:
+    """Clear errors for options that cannot work, before any work is done."""
+    if cfg.model not in MODELS:
+        raise ValueError(f"unknown model {cfg.model!r}; choose '2d' (sections) or '3d' (cubes)")
+    s = int(cfg.spatial)
+    if s < 1 or world_size % s:
+        raise ValueError(f"spatial={s} must divide the number of ranks ({world_size})")
+    if s > 1 and cfg.model != "3d":
+        raise ValueError("spatial parallelism splits a cube's depth: use it with model='3d'")
+    n_dp = world_size // s
+    per_block = cfg.global_batch // cfg.cubes_per_volume
+    if cfg.global_batch % cfg.cubes_per_volume or per_block % n_dp:
+        raise ValueError(f"global_batch={cfg.global_batch} must be a multiple of cubes_per_volume="
+                         f"{cfg.cubes_per_volume} times the data-parallel groups ({n_dp})")
+    f = 2 ** cfg.levels
+    if cfg.cube[0] % (s * f) or any(c % f for c in cfg.cube[1:]):
+        raise ValueError(f"cube {tuple(cfg.cube)}: depth must be divisible by spatial*2**levels = {s * f}, "
+                         f"x and y by {f}")
+
+
+def preflight(cfg, world_size: int) -> float:
+    """Check the options and the memory wall; returns the predicted activation MB per rank.
+
+    A cube whose activations exceed ``memory_budget_mb`` on one rank is refused, as a device would
+    refuse it (out of memory).
+    """
+    check_cfg(cfg, world_size)
+    need_mb = predicted_activation_mb(cfg)
+    if cfg.memory_budget_mb and need_mb > cfg.memory_budget_mb:
+        raise MemoryBudgetError(
+            f"a {tuple(cfg.cube)} cube needs {need_mb:.1f} MB of activations per rank (spatial={cfg.spatial}), "
+            f"over the budget of {cfg.memory_budget_mb} MB: split it across more ranks (spatial=...), use a "
+            "smaller cube, or activation checkpointing")
+    return need_mb
+
+
+# --------------------------------------------------------------------------- process groups
+_GROUPS: dict = {}
+
+
+def spatial_groups(n_ranks: int, spatial: int) -> dict:
+    """The torch groups of ``spatial`` consecutive ranks among the first ``n_ranks`` (cached).
+
+    ``new_group`` is collective over *every* rank of the world, members or not, so every rank calls this
+    (before the ranks left out of a scaling run return), with the same arguments, in the same order.
+    """
+    import torch.distributed as tdist
+    if spatial < 1 or n_ranks % spatial:
+        raise ValueError(f"spatial={spatial} must divide the number of ranks ({n_ranks})")
+    groups = {}
+    for first in range(0, n_ranks, spatial) if spatial > 1 else ():
+        ranks = tuple(range(first, first + spatial))
+        key = (ranks, id(tdist.distributed_c10d._get_default_group()))
+        if key not in _GROUPS:
+            _GROUPS[key] = tdist.new_group(list(ranks))
+        for r in ranks:
+            groups[r] = _GROUPS[key]
+    return groups
+
+
+# --------------------------------------------------------------------------- pieces of a step
+def build_model(cfg):
+    if cfg.model == "3d":
+        return models.cube_model(cfg.width, cfg.levels, data.N_FACIES)
+    return models.section_model(cfg.width, cfg.levels, data.N_FACIES)
+
+
+def model_input(cfg, cube: np.ndarray) -> torch.Tensor:
+    """One cube (depth, x, y) as the model's batch: (1, 1, D, X, Y) for 3-D, (X, 1, D, Y) sections for 2-D."""
+    t = torch.from_numpy(np.ascontiguousarray(cube))
+    if cfg.model == "3d":
+        return t[None, None]
+    return t.permute(1, 0, 2)[:, None]                # inline sections: (x, 1, depth, y)
+
+
+def model_target(cfg, labels: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(labels)).long()
+    return t[None] if cfg.model == "3d" else t.permute(1, 0, 2)
+
+
+def predict_volume(model, cfg, seismic: np.ndarray) -> np.ndarray:
+    """Facies of a whole volume (depth, x, y): one pass for 3-D, one inline at a time for 2-D."""
+    with torch.no_grad():
+        logits = model(model_input(cfg, seismic))
+    pred = logits.argmax(1)
+    return (pred[0] if cfg.model == "3d" else pred.permute(1, 0, 2)).numpy().astype(np.uint8)
+
+
+def slab(t: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """This rank's depth slab of a tensor every rank of the spatial group holds."""
+    if group is None:
+        return t
+    from ddlcourse.parallel.spatial import scatter_spatial
+    return scatter_spatial(t, dim, group)
+
+
+def predicted_activation_mb(cfg, spatial: int | None = None) -> float:
+    """Activation memory of one cube's forward + loss on one rank (its slab), MB, from a meta-device pass."""
+    s = cfg.spatial if spatial is None else spatial
+    model = build_model(cfg)
+    cd, cx, cy = cfg.cube
+    shape = (1, 1, cd // s, cx, cy) if cfg.model == "3d" else (cx, 1, cd, cy)
+    return models.activation_bytes(model, shape, device="meta", halo=s > 1) / 2 ** 20
+
+
+class SavedBytes:
+    """Context manager: bytes of the tensors autograd saves inside it (each storage once)."""
+
+    def __init__(self, model):
+        self.params = {id(p) for p in model.parameters()}
+        self.saved = {}
+
+    def _pack(self, t):
+        if id(t) not in self.params:
+            st = t.untyped_storage()
+            self.saved[(st.data_ptr(), st.nbytes())] = st.nbytes()
+        return t
+
+    def __enter__(self):
+        self._cm = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+
+    @property
+    def mb(self) -> float:
+        return sum(self.saved.values()) / 2 ** 20
+
+
+def average_gradients(model, ctx) -> None:
+    """Mean of the gradients over the run's ranks: one allreduce per tensor (notebook 03)."""
+    if ctx.world_size == 1:
+        return
+    if ctx.backend == "horovod":
+        import horovod.torch as hvd
+        for i, p in enumerate(model.parameters()):
+            if p.grad is not None:
+                p.grad.copy_(hvd.allreduce(p.grad, op=hvd.Average, name=f"seismic.grad.{i}"))
+        return
+    from ddlcourse.parallel.data_parallel import average_gradients as avg
+    avg(model, group=ctx.group)
+
+
+# --------------------------------------------------------------------------- train
+def train(cfg, progress_file: str | None = None) -> dict | None:
+    """Train the 2-D or 3-D model on synthetic seismic cubes; evaluate on held-out volumes (on every rank)."""
+    from ddlcourse import dist
+    cfg = cfg if isinstance(cfg, SimpleNamespace) else SimpleNamespace(**cfg)
+    s = int(cfg.spatial)
+    dist.init(horovod=(cfg.backend == "horovod"))
+    if s > 1:   # collective over the whole world, so before the ranks left out return
+        groups = spatial_groups(cfg.ranks or dist.world_size(), s)
+    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+    if ctx is None:
+        return None
+    need_mb = preflight(cfg, ctx.world_size)
+    n_dp, dp_rank = ctx.world_size // s, ctx.rank // s
+    group = groups[ctx.rank] if s > 1 else None
+
+    # data: this data-parallel group's volumes; the spatial ranks of a group share them
+    cubes = None
+    for turn in (0, 1):                                   # the group's first rank makes them, the others load
+        if (ctx.rank % s == 0) == (turn == 0):
+            cubes = data.training_cubes(cfg.n_volumes, cfg.volume, cfg.cube, cfg.cubes_per_volume, cfg.seed,
+                                        rank=dp_rank, world_size=n_dp)
+        if s > 1:
+            ctx.barrier()
+    vols_per_batch = cfg.global_batch // cfg.cubes_per_volume
+    n_batches = cfg.n_volumes // vols_per_batch
+    if n_batches < 1:
+        raise ValueError(f"n_volumes={cfg.n_volumes} is less than one global batch ({vols_per_batch} volumes)")
+
+    model = build_model(cfg)
+    model.set_spatial(group) if cfg.model == "3d" else None
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    run_name = cfg.run_name or f"{cfg.model}-s{s}-n{ctx.world_size}"
+    ckpt = training.Checkpointer(training.results_dir(CASE) / "ckpt" / run_name, ctx)
+    if not cfg.resume:
+        ckpt.clear()
+    start_epoch, state = ckpt.load(model, opt)
+    history = list(state.get("history", []))
+
+    voxels = int(np.prod(cfg.cube))
+    depth_dim = 2                                         # (batch, C, depth, ...) for both models
+    bar = ctx.progress((cfg.epochs - start_epoch) * n_batches, desc=f"seismic {cfg.model}")
+    activation_mb, seconds, samples = 0.0, 0.0, 0
+    for epoch in range(start_epoch, cfg.epochs):
+        training.seed_epoch(cfg.seed, epoch, ctx.rank)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(n_batches)   # same on every rank
+        t0 = time.perf_counter()
+        for b in order:
+            block = range(b * vols_per_batch, (b + 1) * vols_per_batch)
+            mine = np.flatnonzero(np.isin(cubes["chunk"], [v for v in block if v % n_dp == dp_rank]))
+            opt.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for i in mine:                                # one cube (its slab) at a time: memory of one cube
+                x = slab(model_input(cfg, cubes["seismic"][i]), group, depth_dim)
+                y = slab(model_target(cfg, cubes["labels"][i]), group, 1)
+                with SavedBytes(model) as mem:
+                    loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
+                activation_mb = max(activation_mb, mem.mb)
+                (loss * ctx.world_size).backward()        # the mean over ranks below undoes the factor
+                loss_sum += loss.item()
+            average_gradients(model, ctx)
+            opt.step()
+            history.append(ctx.comm.allreduce(loss_sum))  # the global batch's mean loss
+            samples += cfg.global_batch
+            bar.update(loss=history[-1], epoch=epoch)
+        seconds += time.perf_counter() - t0
+        ckpt.save(epoch + 1, model, opt, history=history)
+    bar.close()
+
+    result = evaluate(model, cfg, ctx, cubes)
+    result.update(history=history, seconds=ctx.comm.allreduce(seconds, op=_max()), samples=samples,
+                  world_size=ctx.world_size, spatial=s, model=cfg.model, cube=list(cfg.cube),
+                  activation_mb=ctx.comm.allreduce(activation_mb, op=_max()),
+                  predicted_activation_mb=need_mb, memory_budget_mb=cfg.memory_budget_mb)
+    return result
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+# --------------------------------------------------------------------------- evaluate
+def evaluate(model, cfg, ctx, cubes) -> dict:
+    """Scores on the held-out volumes (sharded over all ranks, reduced exactly) and the majority baseline."""
+    model.set_spatial(None) if cfg.model == "3d" else None   # evaluation needs no saved activations
+    model.eval()
+    test = data.test_volumes(cfg.n_test, cfg.volume, seed=cfg.seed + 10_000, rank=ctx.rank,
+                             world_size=ctx.world_size)
+    n = data.N_FACIES
+    # majority class of the training data, counted over every rank's (group's) cubes
+    counts = np.bincount(cubes["labels"].ravel(), minlength=n) if ctx.rank % cfg.spatial == 0 else np.zeros(n)
+    majority = int(np.argmax(metrics.allreduce_sum(counts, ctx.comm)))
+    cm = np.zeros((n, n), np.int64)
+    cm_base = np.zeros((n, n), np.int64)
+    changes = np.zeros(3)                                 # label changes between inlines: pred, truth, count
+    example = None
+    for seis, lab in zip(test["seismic"], test["labels"]):
+        pred = predict_volume(model, cfg, seis)
+        cm += metrics.confusion_matrix(pred, lab, n)
+        cm_base += metrics.confusion_matrix(np.full_like(lab, majority), lab, n)
+        changes += [(pred[:, 1:] != pred[:, :-1]).sum(), (lab[:, 1:] != lab[:, :-1]).sum(), lab[:, 1:].size]
+        if example is None and ctx.is_root and cfg.return_example:
+            example = {"seismic": seis, "labels": lab, "pred": pred}
+    cm = metrics.allreduce_sum(cm, ctx.comm).astype(np.int64)          # sufficient statistics, never means
+    cm_base = metrics.allreduce_sum(cm_base, ctx.comm).astype(np.int64)
+    changes = metrics.allreduce_sum(changes, ctx.comm)
+    model.train()
+    return {"scores": metrics.segmentation_scores(cm), "baseline": metrics.segmentation_scores(cm_base),
+            "majority_class": majority, "confusion": cm.tolist(),
+            "section_changes_pred": float(changes[0] / changes[2]),
+            "section_changes_true": float(changes[1] / changes[2]), "example": example}
+
+
+# --------------------------------------------------------------------------- command line
+def cli(argv, scale=None, backend: str = "ddp") -> int:
+    """``python -m ddlcourse run seismic [--model 2d|3d] [--spatial S] [--epochs E] [--cube D X Y] ...``"""
+    p = argparse.ArgumentParser(prog="python -m ddlcourse run seismic")
+    p.add_argument("--model", default="3d", help="2d | 3d")
+    p.add_argument("--spatial", type=int, default=1, help="ranks that split one cube's depth (3d only)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--cube", type=int, nargs=3, default=None, metavar=("DEPTH", "X", "Y"))
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="per-rank activation budget, 0 = none")
+    p.add_argument("--ranks", type=int, default=None)
+    p.add_argument("--run-name", default=None)
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    a = p.parse_args(argv)
+    try:
+        over = dict(model=a.model, spatial=a.spatial, backend=backend, ranks=a.ranks, run_name=a.run_name,
+                    resume=a.resume)
+        if a.epochs is not None:
+            over["epochs"] = a.epochs
+        if a.cube is not None:
+            over["cube"] = a.cube
+        if a.memory_budget_mb is not None:
+            over["memory_budget_mb"] = a.memory_budget_mb
+        cfg = make_cfg(scale, **over)
+        from mpi4py import MPI
+        preflight(cfg, cfg.ranks or MPI.COMM_WORLD.Get_size())   # bad options fail before any work
+        res = train(cfg)
+    except (ValueError, training.CheckpointError) as e:
+        import sys
+        print(f"seismic: error: {e}", file=sys.stderr)
+        return 2
+    from ddlcourse import dist
+    if res is not None and dist.rank() == 0:
+        res.pop("example", None)
+        out = {k: v for k, v in res.items() if k not in ("confusion",)}
+        (training.results_dir(CASE) / "result.json").write_text(json.dumps(out, indent=1))
+        sc, bl = res["scores"], res["baseline"]
+        print(f"seismic {cfg.model} spatial={cfg.spatial} on {res['world_size']} rank(s), cube {tuple(cfg.cube)}: "
+              f"pixel acc {sc['pixel_acc']:.3f}, mean class acc {sc['mean_class_acc']:.3f}, "
+              f"mean IoU {sc['mean_iou']:.3f}, FW-IoU {sc['fw_iou']:.3f} "
+              f"(majority class: pixel acc {bl['pixel_acc']:.3f}, FW-IoU {bl['fw_iou']:.3f}); "
+              f"{res['seconds']:.1f} s, activations {res['activation_mb']:.1f} MB/rank")
+    return 0
+
+
+# --------------------------------------------------------------------------- the memory wall, in numbers
+def memory_curve(cfg, edges, spatial: int = 1) -> list[dict]:
+    """Activation MB per rank of one cube ``(depth, e, e)`` for each lateral edge ``e`` (meta device: instant).
+
+    ``depth`` is the training cube's (``cfg.cube[0]``); with ``spatial`` ranks each holds ``depth/spatial``.
+    """
+    model = build_model(SimpleNamespace(**{**vars(cfg), "model": "3d"}))
+    d = cfg.cube[0]
+    rows = []
+    for e in edges:
+        mb = models.activation_bytes(model, (1, 1, d // spatial, e, e), device="meta", halo=spatial > 1) / 2 ** 20
+        rows.append({"cube": (d, int(e), int(e)), "edge": int(e), "voxels": d * int(e) ** 2, "activation_mb": mb})
+    return rows
+
+
+def largest_fitting(rows: list[dict], budget_mb: float) -> int | None:
+    """The largest cube edge of ``rows`` whose activations fit ``budget_mb`` (None if none does)."""
+    fits = [r["edge"] for r in rows if r["activation_mb"] <= budget_mb]
+    return max(fits) if fits else None
+
+
+# --------------------------------------------------------------------------- pictures
+FACIES_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
+
+
+def _label_cmap():
+    from matplotlib.colors import ListedColormap
+    return ListedColormap(FACIES_COLORS)
+
+
+def plot_volume(vol: dict, x: int | None = None, y: int | None = None, z: int | None = None):
+    """Seismic (top) and facies (bottom): an inline (fixed x), a crossline (fixed y) and a depth slice."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    d, nx, ny = vol["labels"].shape
+    x, y, z = nx // 2 if x is None else x, ny // 2 if y is None else y, d // 3 if z is None else z
+    cuts = [("inline x=%d (depth, y)" % x, np.s_[:, x, :]), ("crossline y=%d (depth, x)" % y, np.s_[:, :, y]),
+            ("depth slice z=%d (x, y)" % z, np.s_[z, :, :])]
+    fig, ax = plt.subplots(2, 3, figsize=(9, 5))
+    for j, (title, sl) in enumerate(cuts):
+        ax[0, j].imshow(vol["seismic"][sl], cmap="gray", aspect="auto")
+        ax[0, j].set_title(title, fontsize=9)
+        ax[1, j].imshow(vol["labels"][sl], cmap=_label_cmap(), vmin=0, vmax=data.N_FACIES - 1,
+                        interpolation="nearest", aspect="auto")
+    for a in ax.ravel():
+        a.set_xticks([]), a.set_yticks([])
+    ax[0, 0].set_ylabel("seismic"), ax[1, 0].set_ylabel("facies")
+    fig.legend([Patch(color=c) for c in FACIES_COLORS], data.FACIES, loc="lower center", ncol=6, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def plot_memory(rows: list[dict], budget_mb: float, split_rows: list[dict] | None = None, split: int = 2):
+    """Activation memory per rank against the cube edge, with the per-rank budget."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    c = [r["edge"] for r in rows]
+    ax.loglog(c, [r["activation_mb"] for r in rows], "o-", label="one rank")
+    if split_rows:
+        ax.loglog([r["edge"] for r in split_rows], [r["activation_mb"] for r in split_rows], "s--",
+                  label=f"spatial, {split} ranks")
+    ax.axhline(budget_mb, color="k", lw=1, ls=":", label=f"budget {budget_mb:g} MB")
+    ax.set_xlabel(f"lateral edge e of a ({rows[0]['cube'][0]}, e, e) cube"), ax.set_ylabel("activations per rank (MB)")
+    ax.set_xticks(c), ax.set_xticklabels(c), ax.minorticks_off()
+    ax.legend(fontsize=8), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_stitching(truth: np.ndarray, preds: dict, y: int | None = None):
+    """A crossline (depth, x) at fixed y, perpendicular to the 2-D model's inline sections."""
+    import matplotlib.pyplot as plt
+    y = truth.shape[2] // 2 if y is None else y
+    panels = [("ground truth", truth)] + list(preds.items())
+    fig, ax = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3))
+    for a, (name, lab) in zip(ax, panels):
+        a.imshow(lab[:, :, y], cmap=_label_cmap(), vmin=0, vmax=data.N_FACIES - 1, interpolation="nearest",
+                 aspect="auto")
+        a.set_title(f"{name}\nchanges between inlines: {data.label_changes_between_sections(lab):.1%}",
+                    fontsize=9)
+        a.set_xlabel("x (inline number)"), a.set_yticks([])
+    ax[0].set_ylabel("depth")
+    fig.tight_layout()
+    return fig
+
+
+def scores_table(rows: dict) -> str:
+    """Rows of segmentation scores as a text table."""
+    keys = ("pixel_acc", "mean_class_acc", "mean_iou", "fw_iou")
+    lines = [f"{'':<28}" + "".join(f"{k:>15}" for k in keys)]
+    for name, sc in rows.items():
+        lines.append(f"{name:<28}" + "".join(f"{sc[k]:>15.3f}" if k in sc else f"{'-':>15}" for k in keys))
+    return "\n".join(lines)
+
+
+# published F3 Netherlands numbers (real data), for reference
+F3_REFERENCE = {
+    "F3 section-based (Alaudah et al. 2019)": {"pixel_acc": 0.905, "fw_iou": 0.817},
+    "F3 HRNet (published)": {"pixel_acc": 0.928, "fw_iou": 0.871},
+}
