@@ -1,0 +1,91 @@
+"""A 2-D process mesh: data parallelism across groups of ranks that use tensor parallelism inside the group.
+
+``world_size = dp * tp`` ranks form a grid; rank ``r`` sits at ``(r // tp, r % tp)``::
+
+            tp rank 0   tp rank 1
+    dp 0    rank 0      rank 1        <- a tensor-parallel group (one model replica, split in two)
+    dp 1    rank 2      rank 3
+              ^ a data-parallel group (the same shard of the model, different data)
+
+Tensor-parallel groups are neighbours (on a cluster: the same node, fast links), data-parallel groups are
+strided (across nodes, where only one gradient allreduce per step crosses the slow network). This is the
+layout of Megatron-LM's hybrid parallelism and of ``torch.distributed.device_mesh.init_device_mesh``; here it
+is built with ``torch.distributed.new_group`` so that every group is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+
+@dataclass
+class Mesh2D:
+    dp: int
+    tp: int
+    dp_rank: int
+    tp_rank: int
+    dp_group: object      # ranks holding the same model shard
+    tp_group: object      # ranks sharing one model replica
+
+
+def build_mesh(dp: int, tp: int) -> Mesh2D:
+    """Create all groups (collective: every rank of the world calls it) and return this rank's place."""
+    n, r = tdist.get_world_size(), tdist.get_rank()
+    if dp * tp != n:
+        raise ValueError(f"dp * tp = {dp} * {tp} must equal the world size {n}")
+    tp_group = dp_group = None
+    for i in range(dp):                                   # every rank must take part in every new_group call
+        g = tdist.new_group(ranks=[i * tp + j for j in range(tp)])
+        if r // tp == i:
+            tp_group = g
+    for j in range(tp):
+        g = tdist.new_group(ranks=[i * tp + j for i in range(dp)])
+        if r % tp == j:
+            dp_group = g
+    return Mesh2D(dp, tp, r // tp, r % tp, dp_group, tp_group)
+
+
+def layout(dp: int, tp: int) -> list[list[int]]:
+    """The grid of global ranks: ``layout(dp, tp)[i][j]`` is the rank with dp rank i and tp rank j."""
+    return [[i * tp + j for j in range(tp)] for i in range(dp)]
+
+
+def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: int = 16, hidden: int = 32,
+                               seed: int = 0) -> dict:
+    """On every rank: one step of a tensor-parallel MLP (tp) trained data-parallel (dp) against serial.
+
+    Returns the largest differences of the loss and of this rank's weight-gradient slices, and its coordinates.
+    """
+    from ddlcourse import dist
+    from ddlcourse.parallel.tensor import ParallelMLP, serial_mlp
+
+    dist.init(horovod=False)
+    mesh = build_mesh(dp, tp)
+    if global_batch % dp:
+        raise ValueError(f"global_batch {global_batch} is not divisible by dp={dp}")
+    X = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 1))
+    Y = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 2))
+    mlp = serial_mlp(dim, hidden, seed)
+    ser_loss = nn.functional.mse_loss(mlp(X), Y)
+    ser_loss.backward()
+
+    pmlp = ParallelMLP(mlp[0], mlp[2], mesh.tp_group)    # the same split on every dp replica
+    b = global_batch // dp
+    xs, ys = X[mesh.dp_rank * b:(mesh.dp_rank + 1) * b], Y[mesh.dp_rank * b:(mesh.dp_rank + 1) * b]
+    loss = nn.functional.mse_loss(pmlp(xs), ys)          # this replica's shard of the global batch
+    loss.backward()
+    for p in pmlp.parameters():                           # data parallelism: mean over the dp group only
+        tdist.all_reduce(p.grad, group=mesh.dp_group)
+        p.grad /= dp
+    lt = torch.tensor([loss.item()])
+    tdist.all_reduce(lt, group=mesh.dp_group)
+    k = hidden // tp
+    t = mesh.tp_rank
+    d = max((pmlp.fc1.weight.grad - mlp[0].weight.grad[t * k:(t + 1) * k]).abs().max().item(),
+            (pmlp.fc2.weight.grad - mlp[2].weight.grad[:, t * k:(t + 1) * k]).abs().max().item(),
+            (pmlp.fc2.bias.grad - mlp[2].bias.grad).abs().max().item())
+    return dict(rank=tdist.get_rank(), dp_rank=mesh.dp_rank, tp_rank=mesh.tp_rank,
+                loss_diff=abs(lt.item() / dp - ser_loss.item()), grad_diff=d)

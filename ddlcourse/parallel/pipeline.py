@@ -1,0 +1,175 @@
+"""Pipeline parallelism: GPipe and 1F1B schedules over stages, with micro-batches.
+
+Rank ``s`` of ``group`` runs stage ``s`` (a module). The global batch is cut into ``m`` micro-batches that
+flow through the stages one after another, so that stage ``s`` works on micro-batch ``i`` while stage
+``s+1`` works on ``i-1``. What remains idle is the *bubble*: with ``p`` stages of equal cost,
+
+    bubble fraction = (p - 1) / (m + p - 1)              (Huang et al., 2019, GPipe)
+
+* ``gpipe``: all ``m`` forwards, then all ``m`` backwards. Every stage holds the activations of all ``m``
+  micro-batches at the peak.
+* ``1f1b``: after ``p - s - 1`` warm-up forwards, stage ``s`` alternates one forward and one backward
+  (Narayanan et al., 2019, PipeDream; the non-interleaved schedule of Megatron-LM). Same bubble, but at
+  most ``p - s`` micro-batches in flight: less activation memory.
+
+The loss is the mean over micro-batches of ``loss_fn(out_i, y_i)``, so with equal micro-batches and a
+mean-reduced ``loss_fn`` the gradients equal those of one serial step on the whole batch.
+
+Written here on ``torch.distributed`` point-to-point (gloo on CPU) rather than with
+``torch.distributed.pipelining``: that package does run on CPU with gloo (checked with torch 2.13;
+:func:`torch_pipelining_step` uses it and the tests compare the two), but it records no per-step timestamps,
+and the timelines and the measured bubble are the point of the lesson.
+
+API, on every rank of ``group``::
+
+    res = run(stage, micro_batches, targets, loss_fn, schedule="1f1b", group=group)
+    res["loss"]      # mean loss over micro-batches, on every rank
+    res["events"]    # this rank's timeline events (see model_parallel.Timeline); gather_events() for all
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from ddlcourse.parallel.model_parallel import (Sender, Timeline, _emulate, _global, demo_model, gather_events,
+                                               idle_fraction, recv_tensor, stage_module)
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def predicted_bubble(num_stages: int, num_micro_batches: int) -> float:
+    """(p - 1) / (m + p - 1)."""
+    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+
+
+def schedule_order(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> list[tuple[str, int]]:
+    """The ordered list of ``("F", i)`` / ``("B", i)`` that stage ``stage`` executes."""
+    m, p = num_micro_batches, num_stages
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if m < 1:
+        raise ValueError(f"need at least one micro-batch, got {m}")
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(p - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):                # steady state: one forward, one backward
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(m - warmup, m)]
+    return order
+
+
+def run(stage: nn.Module, micro_batches, targets, loss_fn, schedule: str = "1f1b", group=None,
+        delay_s: float = 0.0) -> dict:
+    """One pipelined forward+backward over the micro-batches; gradients accumulate in ``stage``.
+
+    ``stage``: this rank's module; rank ``s`` of ``group`` (default: the world) runs stage ``s``, so build the
+    group from the ranks in stage order (e.g. ``torch.distributed.new_group([4, 5, 6, 7])``).
+    ``micro_batches``: list of inputs (read on the first stage; elsewhere only its length counts, so
+    ``[None] * m`` will do).
+    ``targets``: list of targets (read on the last stage). ``delay_s``: emulated compute per forward
+    (twice per backward), as in :func:`ddlcourse.parallel.model_parallel.train_step`.
+    Returns ``dict(loss, events, max_in_flight)``.
+    """
+    s, p = tdist.get_rank(group), tdist.get_world_size(group)
+    m = len(micro_batches)
+    if s == p - 1 and len(targets) != m:
+        raise ValueError(f"{len(targets)} targets for {m} micro-batches")
+    tl, snd = Timeline(s), Sender(group)
+    saved, losses, max_in_flight = {}, [], 0
+    for kind, i in schedule_order(schedule, s, p, m):
+        if kind == "F":
+            inp = micro_batches[i] if s == 0 else recv_tensor(s - 1, group).requires_grad_(True)
+
+            def fwd():
+                out = stage(inp)                              # (micro_batch, ...)
+                _emulate(delay_s)
+                return loss_fn(out, targets[i]) / m if s == p - 1 else out
+
+            out = tl.record("F", i, fwd)
+            if s < p - 1:
+                snd.send(out, s + 1)
+            else:
+                losses.append(out.detach())
+            saved[i] = (inp, out)                             # activations kept until backward
+            max_in_flight = max(max_in_flight, len(saved))
+        else:
+            inp, out = saved.pop(i)
+            grad_out = None if s == p - 1 else recv_tensor(s + 1, group)
+
+            def bwd():
+                out.backward(grad_out)
+                _emulate(2 * delay_s)
+
+            tl.record("B", i, bwd)
+            if s > 0:
+                snd.send(inp.grad, s - 1)
+    snd.wait_all()
+    loss = torch.tensor([float(sum(losses)) if s == p - 1 else 0.0])
+    tdist.broadcast(loss, _global(group, p - 1), group=group)
+    return dict(loss=loss.item(), events=tl.events, max_in_flight=max_in_flight)
+
+
+def torch_pipelining_step(stage: nn.Module, batch, target, loss_fn, num_micro_batches: int,
+                          schedule: str = "gpipe", group=None):
+    """The same step with ``torch.distributed.pipelining`` (for comparison). Returns the mean loss on the last
+    stage, None elsewhere; gradients accumulate in ``stage``."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    s, p = tdist.get_rank(group), tdist.get_world_size(group)
+    pstage = PipelineStage(stage, s, p, torch.device("cpu"), group=group)
+    Sched = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    sched = Sched(pstage, n_microbatches=num_micro_batches, loss_fn=loss_fn)
+    if s == 0:
+        sched.step(batch)
+        return None
+    if s == p - 1:
+        losses = []
+        sched.step(target=target, losses=losses)
+        return float(sum(losses)) / num_micro_batches
+    sched.step()
+    return None
+
+
+# --------------------------------------------------------------------------- demo and check against serial
+def compare_with_serial(num_micro_batches: int = 4, micro_batch: int = 8, n_layers: int = 8,
+                        schedule: str = "1f1b", delay_s: float = 0.0, group=None, seed: int = 0) -> dict:
+    """Run on every rank of ``group``: a pipelined step against the serial step on the same global batch.
+
+    Returns ``dict(loss_diff, grad_diff, loss, events (all ranks), max_in_flight, bubble, predicted)``.
+    """
+    from ddlcourse.data.toy import teacher_classification
+
+    m = num_micro_batches
+    X, Y = teacher_classification(m * micro_batch, dim=16, n_classes=4, seed=seed)   # global batch
+    loss_fn = nn.CrossEntropyLoss()
+    serial = demo_model(seed, n_layers=n_layers)
+    ser_loss = loss_fn(serial(X), Y)
+    ser_loss.backward()
+    s, p = tdist.get_rank(group), tdist.get_world_size(group)
+    stage = stage_module(demo_model(seed, n_layers=n_layers), s, p)
+    res = run(stage, list(X.chunk(m)), list(Y.chunk(m)), loss_fn, schedule, group, delay_s)
+    gd = max((a.grad - b.grad).abs().max().item()
+             for a, b in zip(stage.parameters(), stage_module(serial, s, p).parameters()))
+    events = gather_events(res["events"], group)
+    return dict(loss_diff=abs(res["loss"] - ser_loss.item()), grad_diff=gd, loss=res["loss"], events=events,
+                max_in_flight=res["max_in_flight"], bubble=idle_fraction(events), predicted=predicted_bubble(p, m))
+
+
+def bubble_sweep(micro_batch_counts, schedule: str = "gpipe", global_batch: int = 64, n_layers: int = 8,
+                 delay_s: float = 0.0, repeats: int = 1, group=None) -> list[dict]:
+    """Measured and predicted bubble for each number of micro-batches (best of ``repeats``), on every rank."""
+    rows = []
+    for m in micro_batch_counts:
+        if global_batch % m:
+            raise ValueError(f"global_batch {global_batch} is not divisible by {m} micro-batches")
+        best = None
+        for _ in range(repeats):
+            tdist.barrier(group=group)
+            r = compare_with_serial(m, global_batch // m, n_layers, schedule, delay_s, group)
+            if best is None or r["bubble"] < best["bubble"]:
+                best = r
+        rows.append(dict(m=m, measured=best["bubble"], predicted=best["predicted"], events=best["events"],
+                         grad_diff=best["grad_diff"]))
+    return rows
