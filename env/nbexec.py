@@ -20,13 +20,14 @@ from nbclient import NotebookClient
 MARK = "# NBVAL_CHECK_OUTPUT"
 
 
-def execute(path: str, scale: str, keep_all: bool, timeout: int) -> float:
+def execute(path: str, scale: str, keep_all: bool, timeout: int, run: bool = True) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["DDLCOURSE_SCALE"] = scale
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"   # figures become outputs
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
+    if run:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
     dt = time.perf_counter() - t0
     checked = 0
     for cell in nb.cells:
@@ -53,9 +54,10 @@ def main() -> int:
     p.add_argument("--scale", default="smoke")
     p.add_argument("--keep-all", action="store_true", help="keep every output (for a look, not for commits)")
     p.add_argument("--timeout", type=int, default=1200)
+    p.add_argument("--strip-only", action="store_true", help="do not run: only drop the unchecked outputs")
     a = p.parse_args()
     for nb in a.notebooks:
-        dt = execute(nb, a.scale, a.keep_all, a.timeout)
+        dt = execute(nb, a.scale, a.keep_all, a.timeout, run=not a.strip_only)
         print(f"{nb}: {dt:.1f} s at scale {a.scale}")
     return 0
 
