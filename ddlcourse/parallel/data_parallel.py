@@ -83,3 +83,145 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside a DDP wrapper (for checkpoints and evaluation)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+# --------------------------------------------------------------------------- overlap, and the demos of notebook 05
+class OverlappingHooks:
+    """Hooks that *start* each gradient's allreduce as soon as backward produces it (``async_op``), and
+    a :meth:`wait` to call before ``optimizer.step()``. Communication of late layers then overlaps
+    with the backward of early layers: the idea behind DDP, minus its buckets."""
+
+    def __init__(self, model: nn.Module, group=None):
+        self.n = tdist.get_world_size(group)
+        self.group = group
+        self.pending: list = []
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook)
+                        for p in model.parameters() if p.requires_grad]
+
+    def _hook(self, p: torch.Tensor) -> None:
+        self.pending.append((tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM, group=self.group, async_op=True), p))
+
+    def wait(self) -> None:
+        for work, p in self.pending:
+            work.wait()
+            p.grad.div_(self.n)
+        self.pending.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+WAYS = ("serial", "after_backward", "allreduce", "overlap", "ddp", "horovod")
+
+
+def _make_opt(name: str, params, lr: float):
+    from ddlcourse.optim import make_optimizer
+    return make_optimizer(name, params, lr)
+
+
+def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 512, dim: int = 16,
+              hidden: int = 32, optimizer: str = "sgd", lr: float = 0.1, seed: int = 0,
+              compression: str = "none", n_ranks: int | None = None) -> dict | None:
+    """Train the same MLP on the same global batches one of :data:`WAYS`; runs on every rank.
+
+    ``serial``: each rank trains on the whole global batch alone (the reference). Every other way
+    splits each global batch into equal per-rank shares. ``n_ranks`` limits the run to the first
+    ranks (not for horovod, which spans the world). Returns ``{"params", "losses"}`` on the ranks
+    that took part (params as a flat NumPy array, losses of the global batch), None on the others.
+    """
+    from ddlcourse import dist
+    from ddlcourse.data.toy import teacher_classification
+    from ddlcourse.models.small import MLP
+
+    if way not in WAYS:
+        raise ValueError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
+    dist.init(horovod=(way == "horovod"))
+    group = None
+    if n_ranks is not None and way != "serial":
+        if way == "horovod" and n_ranks != dist.world_size():
+            raise ValueError("the horovod way spans all ranks; leave n_ranks=None")
+        comm, group = dist.subgroup(n_ranks)
+        if comm is None:
+            return None
+    world = 1 if way == "serial" else tdist.get_world_size(group)
+    r = 0 if way == "serial" else tdist.get_rank(group)
+    if global_batch % world:
+        raise ValueError(f"global_batch {global_batch} must be divisible by the {world} ranks")
+    X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
+    # Each rank initialises its own model differently on purpose: step 3 (broadcast) must fix that.
+    # The serial reference uses rank 0's seed, the one the broadcast spreads.
+    torch.manual_seed(dist.seed_for_rank(seed, 0 if way == "serial" else dist.rank()))
+    model = MLP(dim, 4, hidden=hidden)
+    opt = _make_opt(optimizer, model.parameters(), lr)
+    hooks = None
+    if way in ("allreduce", "ddp", "horovod"):
+        model, opt = wrap(model, opt, backend=way, group=group, compression=compression)
+    elif way in ("after_backward", "overlap"):
+        broadcast_parameters(model, group=group)
+        hooks = OverlappingHooks(model, group) if way == "overlap" else None
+    losses = []
+    for step in range(steps):
+        start = (step * global_batch) % n_train
+        idx = (torch.arange(global_batch) + start) % n_train   # this step's global batch
+        mine = idx[r::world]                                   # this rank's equal share
+        loss = nn.functional.cross_entropy(model(X[mine]), y[mine])
+        opt.zero_grad()
+        loss.backward()
+        if way == "after_backward":
+            average_gradients(model, group)
+        if hooks is not None:
+            hooks.wait()
+        opt.step()
+        lg = loss.detach().clone()
+        if world > 1:
+            tdist.all_reduce(lg, group=group)
+        losses.append(lg.item() / world)
+    params = torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).numpy()
+    return {"params": params, "losses": losses}
+
+
+def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hidden: int = 256,
+             depth: int = 4, warmup: int = 2) -> dict:
+    """Median seconds per training step of an MLP on random data, one of :data:`WAYS` (not serial);
+    the slowest rank's time. Runs on every rank."""
+    from ddlcourse import bench, dist
+    from ddlcourse.models.small import MLP
+
+    if way == "serial" or way not in WAYS:
+        raise ValueError(f"time_way needs a parallel way, one of {', '.join(WAYS[1:])}")
+    dist.init(horovod=(way == "horovod"))
+    torch.manual_seed(0)
+    model = MLP(dim, 10, hidden=hidden, depth=depth)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    hooks = None
+    if way in ("allreduce", "ddp", "horovod"):
+        model, opt = wrap(model, opt, backend=way)
+    else:
+        broadcast_parameters(model)
+        hooks = OverlappingHooks(model) if way == "overlap" else None
+    g = torch.Generator().manual_seed(dist.seed_for_rank(1, dist.rank()))
+    x = torch.randn(micro_batch, dim, generator=g)
+    t = torch.randint(0, 10, (micro_batch,), generator=g)
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), t).backward()
+        if way == "after_backward":
+            average_gradients(model)
+        if hooks is not None:
+            hooks.wait()
+        opt.step()
+
+    st = bench.time_steps(step, n_steps=steps, warmup=warmup, samples_per_step=micro_batch * dist.world_size(),
+                          sync=dist.barrier)
+    if hooks is not None:
+        hooks.remove()
+    n_params = sum(p.numel() for p in unwrap(model).parameters())
+    return {"way": way, "seconds": dist._comm().allreduce(st.median, op=_mpi_max()), "n_params": n_params,
+            "samples_per_s": st.samples_per_step / st.median}
+
+
+def _mpi_max():
+    from mpi4py import MPI
+    return MPI.MAX

@@ -1,0 +1,196 @@
+"""One factory for the optimizers the course compares as the global batch grows.
+
+    from ddlcourse.optim import make_optimizer, with_warmup
+    opt = make_optimizer("lamb", model.parameters(), lr=0.01)
+    sched = with_warmup(opt, warmup_steps=5)          # call sched.step() after every opt.step()
+    # or both at once:
+    opt, sched = make_optimizer_and_schedule("lars", model.parameters(), lr=1.0, warmup_steps=5)
+
+=========  ==========================================  =========================================
+name       class                                       idea
+=========  ==========================================  =========================================
+sgd        torch.optim.SGD (momentum 0.9 by default)   the baseline
+adam       torch.optim.Adam                            per-coordinate step size
+lars       pytorch_optimizer.LARS                      layer-wise trust ratio on SGD (You et al. 2017)
+lamb       pytorch_optimizer.Lamb                      layer-wise trust ratio on Adam (You et al. 2020)
+shampoo    pytorch_optimizer.Shampoo                   per-dimension preconditioner matrices, a
+                                                       second-order method (Gupta et al. 2018)
+=========  ==========================================  =========================================
+
+All of them take ``lr`` and ``weight_decay``; any other keyword goes to the class unchanged.
+
+Consistency across ranks: these optimizers keep their state (momentum, Adam moments, Shampoo's
+preconditioners) per rank. With data parallelism every rank sees the same averaged gradient, so the
+states stay identical as long as every rank starts from the same state: broadcast it once
+(``hvd.broadcast_optimizer_state`` or :func:`broadcast_state`) after loading a checkpoint.
+"""
+from __future__ import annotations
+
+import torch
+
+from ddlcourse.schedules import with_warmup  # re-exported: the warmup the course uses everywhere
+
+OPTIMIZERS = ("sgd", "adam", "lars", "lamb", "shampoo")
+
+# sensible defaults for the small models of the notebooks; a caller's keyword wins
+_DEFAULTS = {
+    "sgd": dict(momentum=0.9),
+    "adam": dict(),
+    "lars": dict(momentum=0.9, trust_coefficient=0.02),  # paper: 0.001 with lr ~10; small nets here
+    "lamb": dict(),
+    "shampoo": dict(momentum=0.9),
+}
+
+__all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "with_warmup", "broadcast_state"]
+
+
+def _pytorch_optimizer(name: str):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pytorch_optimizer
+    return {"lars": pytorch_optimizer.LARS, "lamb": pytorch_optimizer.Lamb,
+            "shampoo": pytorch_optimizer.Shampoo}[name]
+
+
+def make_optimizer(name: str, params, lr: float, weight_decay: float = 0.0, **kw) -> torch.optim.Optimizer:
+    """The optimizer called ``name`` (one of :data:`OPTIMIZERS`, case-insensitive) over ``params``."""
+    key = str(name).lower()
+    if key not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    opts = dict(_DEFAULTS[key], weight_decay=weight_decay, **kw)
+    if key == "sgd":
+        return torch.optim.SGD(params, lr=lr, **opts)
+    if key == "adam":
+        return torch.optim.Adam(params, lr=lr, **opts)
+    return _pytorch_optimizer(key)(params, lr=lr, **opts)
+
+
+def make_optimizer_and_schedule(name: str, params, lr: float, warmup_steps: int = 0,
+                                total_steps: int | None = None, **kw):
+    """``(optimizer, scheduler)``: linear warmup over ``warmup_steps``, then constant (or cosine to 0
+    when ``total_steps`` is given). Call ``scheduler.step()`` after each ``optimizer.step()``."""
+    opt = make_optimizer(name, params, lr, **kw)
+    return opt, with_warmup(opt, warmup_steps, total_steps)
+
+
+def broadcast_state(optimizer: torch.optim.Optimizer, src: int = 0, group=None) -> None:
+    """Copy rank ``src``'s optimizer state tensors to every rank (after a checkpoint load, say).
+
+    Every rank must already hold the same *structure* of state (take one step, or load the same
+    checkpoint), since only the tensor contents travel.
+    """
+    import torch.distributed as tdist
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for v in state.values():
+                if torch.is_tensor(v) and v.numel():
+                    tdist.broadcast(v, src=src, group=group)
+
+
+# --------------------------------------------------------------------------- the experiments of notebook 07
+# base lr at the base batch, and how it grows with the global batch (ddlcourse.schedules.scaled_lr)
+RECIPES = {
+    "sgd": (0.05, "linear"),
+    "adam": (0.002, "sqrt"),
+    "lars": (0.5, "sqrt"),
+    "lamb": (0.005, "sqrt"),
+    "shampoo": (0.05, "sqrt"),
+}
+
+
+def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int = 1024, dim: int = 16,
+                    hidden: int = 64, base_batch: int = 32, warmup_frac: float = 0.1, seed: int = 0) -> dict:
+    """Train an MLP on ``teacher_classification`` with optimizer ``name`` at ``global_batch`` (one process).
+
+    The lr follows :data:`RECIPES` (scaled from ``base_batch``), with linear warmup over ``warmup_frac``
+    of the steps. The same number of epochs at every batch size, so larger batches take fewer steps.
+    Returns ``{"name", "global_batch", "lr", "losses" (per step), "seconds" (cumulative), "test_acc"}``.
+    """
+    import time
+
+    from ddlcourse.data.toy import teacher_classification
+    from ddlcourse.models.small import MLP
+    from ddlcourse.schedules import scaled_lr
+
+    X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
+    Xt, yt = teacher_classification(1024, dim=dim, n_classes=4, seed=seed, label_noise=0.0)
+    Xt, yt = Xt[-512:], yt[-512:]
+    steps = max(1, epochs * n_train // global_batch)
+    base_lr, rule = RECIPES[name]
+    lr = scaled_lr(base_lr, global_batch, base_batch, rule)
+    torch.manual_seed(seed)
+    model = MLP(dim, 4, hidden=hidden)
+    opt, sched = make_optimizer_and_schedule(name, model.parameters(), lr, warmup_steps=max(1, int(warmup_frac * steps)))
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_train, generator=g)
+    losses, seconds, t0 = [], [], time.perf_counter()
+    for step in range(steps):
+        idx = perm[(torch.arange(global_batch) + step * global_batch) % n_train]
+        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - t0)
+    with torch.no_grad():
+        acc = (model(Xt).argmax(1) == yt).float().mean().item()
+    return dict(name=name, global_batch=global_batch, lr=lr, losses=losses, seconds=seconds, test_acc=acc)
+
+
+def run_share(configs: list[dict]) -> list[dict]:
+    """Run this rank's share (every world_size-th) of a list of :func:`large_batch_run` keyword sets."""
+    from ddlcourse import dist
+
+    return [large_batch_run(**cfg) for cfg in configs[dist.rank()::dist.world_size()]]
+
+
+def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False, fix: bool = False,
+                      seed: int = 0) -> dict:
+    """Data-parallel training (DDP) with optimizer ``name``: do the ranks' optimizer states and parameters agree?
+
+    ``perturb``: after the first step, rank 1 scales its optimizer state (as if it had resumed from another
+    checkpoint). ``fix``: then :func:`broadcast_state` from rank 0. Runs on every rank; returns the largest
+    difference across ranks of the state tensors and of the parameters after ``steps`` steps.
+    """
+    from mpi4py import MPI
+
+    from ddlcourse import dist
+    from ddlcourse.data.toy import teacher_classification
+    from ddlcourse.models.small import MLP
+    from ddlcourse.parallel.data_parallel import unwrap, wrap
+
+    info = dist.init(horovod=False)
+    X, y = teacher_classification(256, dim=8, n_classes=4, seed=seed)
+    torch.manual_seed(seed)
+    model = MLP(8, 4, hidden=16)
+    opt = make_optimizer(name, model.parameters(), lr=RECIPES[name][0])
+    model, opt = wrap(model, opt, backend="ddp")
+    for step in range(steps):
+        idx = torch.arange(step * 32, step * 32 + 32)[info.rank::info.world_size]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
+        opt.step()
+        if step == 0 and perturb:
+            if info.rank == 1:
+                with torch.no_grad():
+                    for st in opt.state.values():
+                        for v in st.values():
+                            if torch.is_tensor(v) and v.is_floating_point() and v.numel() > 1:
+                                v.mul_(3.0)
+            if fix:
+                broadcast_state(opt)
+    comm = dist._comm()
+
+    def spread(tensors):
+        flat = torch.cat([t.detach().float().flatten() for t in tensors]).numpy()
+        lo, hi = flat.copy(), flat.copy()
+        comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+        comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+        return float((hi - lo).max())
+
+    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+    return {"state_spread": spread(state), "param_spread": spread(list(unwrap(model).parameters()))}

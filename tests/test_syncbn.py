@@ -1,0 +1,130 @@
+"""The allreduce SyncBatchNorm equals full-batch nn.BatchNorm on one process.
+
+Compared: outputs, input gradients, weight/bias gradients and running statistics, for 1D/2D/3D inputs,
+on one process and on 2-3 ranks (unequal per-rank batch sizes included).
+"""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from ddlcourse.parallel.syncbn import SyncBatchNorm, convert_sync_batchnorm
+
+CASES = [((12, 5), nn.BatchNorm1d), ((12, 5, 7), nn.BatchNorm1d), ((6, 5, 4, 3), nn.BatchNorm2d),
+         ((6, 5, 2, 3, 3), nn.BatchNorm3d)]
+
+
+def _ref_bn(cls, momentum=0.1, affine=True):
+    torch.manual_seed(3)
+    bn = cls(5, momentum=momentum, affine=affine)
+    if affine:
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 2.0)
+            bn.bias.uniform_(-1, 1)
+    return bn
+
+
+@pytest.mark.parametrize("shape,cls", CASES)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_single_process_matches_batchnorm(shape, cls, momentum):
+    ref = _ref_bn(cls, momentum)
+    mine = convert_sync_batchnorm(copy.deepcopy(ref))
+    assert isinstance(mine, SyncBatchNorm)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(*shape, generator=g) * 3 + 2
+        R = torch.randn(*shape, generator=g)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y1, y2 = ref(x1), mine(x2)
+        (y1 * R).sum().backward()
+        (y2 * R).sum().backward()
+        torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.running_mean, ref.running_mean)
+    torch.testing.assert_close(mine.running_var, ref.running_var)
+    assert int(mine.num_batches_tracked) == int(ref.num_batches_tracked) == 3
+    ref.eval(); mine.eval()
+    x = torch.randn(*shape, generator=g)
+    torch.testing.assert_close(mine(x), ref(x))
+
+
+def test_no_affine_and_no_running_stats():
+    ref = nn.BatchNorm2d(4, affine=False, track_running_stats=False)
+    mine = convert_sync_batchnorm(copy.deepcopy(ref))
+    x = torch.randn(5, 4, 3, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    ref(x).pow(2).sum().backward()
+    mine(x2).pow(2).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+    mine.eval()  # no running stats: eval still normalises with the batch
+    torch.testing.assert_close(mine(x2), ref.eval()(x2))
+
+
+def test_convert_nested_keeps_state_and_mode():
+    from ddlcourse.models.small import SmallCNN
+    m = SmallCNN(width=4)
+    m.features[1].running_mean.fill_(0.5)
+    m.eval()
+    c = convert_sync_batchnorm(m)
+    bns = [mod for mod in c.modules() if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
+    assert bns and all(isinstance(b, SyncBatchNorm) for b in bns)
+    assert torch.all(c.features[1].running_mean == 0.5) and not c.features[1].training
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="shape"):
+        SyncBatchNorm(3)(torch.randn(3))
+    with pytest.raises(ValueError, match="channels"):
+        SyncBatchNorm(3)(torch.randn(4, 2))
+
+
+CODE = r"""
+import copy, torch
+from torch import nn
+import torch.distributed as tdist
+from mpi4py import MPI
+from ddlcourse import dist
+from ddlcourse.parallel.syncbn import convert_sync_batchnorm
+
+info = dist.init(horovod=False)
+r, n = info.rank, info.world_size
+worst = 0.0
+for shape, cls in [((5,), nn.BatchNorm1d), ((5, 7), nn.BatchNorm1d), ((5, 4, 3), nn.BatchNorm2d),
+                   ((5, 2, 3, 3), nn.BatchNorm3d)]:
+    sizes = [3 + 2 * k for k in range(n)]             # unequal per-rank batch sizes
+    start = sum(sizes[:r])
+    torch.manual_seed(3)
+    ref = cls(5)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 2.0); ref.bias.uniform_(-1, 1)
+    mine = convert_sync_batchnorm(copy.deepcopy(ref))
+    g = torch.Generator().manual_seed(0)
+    for it in range(3):
+        X = torch.randn(sum(sizes), *shape, generator=g) * 3 + 2   # the global batch, same on every rank
+        R = torch.randn(sum(sizes), *shape, generator=g)
+        xf = X.clone().requires_grad_()
+        yf = ref(xf); (yf * R).sum().backward()                    # full batch, one process
+        xl = X[start:start + sizes[r]].clone().requires_grad_()
+        yl = mine(xl); (yl * R[start:start + sizes[r]]).sum().backward()
+        d = [(yl - yf[start:start + sizes[r]]).abs().max(), (xl.grad - xf.grad[start:start + sizes[r]]).abs().max()]
+        worst = max(worst, max(v.item() for v in d))
+    gw, gb = mine.weight.grad.clone(), mine.bias.grad.clone()
+    tdist.all_reduce(gw); tdist.all_reduce(gb)                    # what data parallelism adds up
+    for a, b in [(gw, ref.weight.grad), (gb, ref.bias.grad), (mine.running_mean, ref.running_mean),
+                 (mine.running_var, ref.running_var)]:
+        worst = max(worst, (a - b).abs().max().item() / max(1.0, b.abs().max().item()))
+worst = MPI.COMM_WORLD.allreduce(worst, op=MPI.MAX)
+dist.shutdown()
+if r == 0:
+    print(worst)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_multi_rank_matches_full_batch(mpi, n):
+    worst = float(mpi(n, CODE).stdout.strip().splitlines()[-1])
+    assert worst < 2e-5, worst
