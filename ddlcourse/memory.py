@@ -190,12 +190,8 @@ def conv_net(in_ch: int = 1, width: int = 16, depth: int = 4, n_classes: int = 3
 
 
 def mlp(dim: int = 64, hidden: int = 256, depth: int = 4, n_classes: int = 4) -> nn.Sequential:
-    layers, d = [], dim
-    for _ in range(depth):
-        layers += [nn.Linear(d, hidden), nn.ReLU()]
-        d = hidden
-    layers.append(nn.Linear(d, n_classes))
-    return nn.Sequential(*layers)
+    from ddlcourse.models.small import MLP
+    return MLP(dim, n_classes, hidden=hidden, depth=depth)
 
 
 def activation_sweep(sizes, ndim: int = 3, batch: int = 1, width: int = 8, depth: int = 3, seed: int = 0) -> list[dict]:

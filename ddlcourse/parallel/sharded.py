@@ -129,13 +129,9 @@ class ZeroDataParallel:
 
 # --------------------------------------------------------------------------- training and measurement
 def make_model(dim: int = 32, hidden: int = 256, depth: int = 4, n_classes: int = 4, seed: int = 0) -> nn.Sequential:
+    from ddlcourse.models.small import MLP
     torch.manual_seed(seed)
-    layers, d = [], dim
-    for _ in range(depth):
-        layers += [nn.Linear(d, hidden), nn.ReLU()]
-        d = hidden
-    layers.append(nn.Linear(d, n_classes))
-    return nn.Sequential(*layers)
+    return MLP(dim, n_classes, hidden=hidden, depth=depth)
 
 
 def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidden: int = 256, depth: int = 4,
