@@ -27,9 +27,12 @@ env:
 	@bash env/setup.sh
 
 lab: env
-	@echo "Starting JupyterLab on http://127.0.0.1 (localhost only, token-protected). Ctrl-C to stop."
-	@$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=$(CURDIR) \
-		--IdentityProvider.token=$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}
+	@TOKEN=$${JUPYTER_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}; \
+	PORT=$${JUPYTER_PORT:-8888}; \
+	echo "JupyterLab on localhost only, token-protected. Open:  http://127.0.0.1:$$PORT/lab?token=$$TOKEN"; \
+	echo "(from another machine: ssh -L $$PORT:127.0.0.1:$$PORT <this host>, then open the same URL). Ctrl-C stops it."; \
+	exec $(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$$PORT --port-retries=0 --no-browser \
+		--ServerApp.root_dir=$(CURDIR) --IdentityProvider.token=$$TOKEN $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 test: env
 	@bash env/run_tests.sh all
