@@ -146,6 +146,8 @@ def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0) 
     import torch
     import torch.distributed as tdist
 
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r}; use 'auto', 'gloo' or 'nccl'")
     if "info" in _STATE:
         info = _STATE["info"]
         if horovod and not info.horovod:          # torch.distributed is up; Horovod asked for later

@@ -29,6 +29,7 @@ def execute(path: str, scale: str, keep_all: bool, timeout: int, run: bool = Tru
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
     dt = time.perf_counter() - t0
+    nb.metadata.pop("widgets", None)        # widget state of progress bars: not worth keeping
     checked = 0
     for cell in nb.cells:
         if cell.cell_type != "code":

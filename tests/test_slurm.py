@@ -219,9 +219,14 @@ def test_lab_batch_job_on_two_tasks(slurm, tmp_path):
 @pytest.mark.slow
 def test_engines_through_srun_inside_salloc(slurm, tmp_path):
     env = _slurm_env(slurm, DDLCOURSE_RUNTIME_DIR=str(tmp_path / "rt"))
+    cmd = ["salloc", "-n", "2", "--immediate=120", "--time=10", sys.executable, str(SLURM_DIR / "engines.py")]
     t0 = time.perf_counter()
-    p = subprocess.run(["salloc", "-n", "2", "--immediate=120", "--time=10", sys.executable, str(SLURM_DIR / "engines.py")],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    if p.returncode != 0 and "MPI_Init_thread" in p.stdout + p.stderr:
+        # Seen once in CI while other MPI jobs ran on the node: MPICH's init under srun --mpi=pmi2 aborted
+        # ("Message truncated" in MPIDI_Comm_set_vcis); it passed alone and on the retry. One retry, reported.
+        print(f"[slurm] MPI_Init failed under srun; retrying once. First attempt:\n{p.stderr[-1500:]}")
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     print(f"[slurm] salloc + MPICluster via srun: {time.perf_counter() - t0:.1f} s")
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert "2 engine(s) on 1 host(s) via srun" in p.stdout
