@@ -78,6 +78,7 @@ class PageReport:
     images: int = 0
     broken_images: int = 0
     screenshot: bytes = b""
+    overflowing: list[dict] = field(default_factory=list)   # slides running past the slide (course decks)
 
     @property
     def external_requests(self) -> list[str]:
@@ -186,8 +187,12 @@ class Chromium:
                 pass
             time.sleep(0.2)
         if rep.ready:
-            # let KaTeX and images settle
+            # let KaTeX and images settle, and the course template fit its slides (window.ddlFitDone)
             self.eval("new Promise(r => setTimeout(r, 300))")
+            while time.time() < deadline and self.eval("window.ddlFitDone === false"):
+                time.sleep(0.1)
+            rep.overflowing = json.loads(self.eval(
+                "window.ddlOverflowing ? JSON.stringify(ddlOverflowing()) : '[]'") or "[]")
             rep.total_slides = int(self.eval("Reveal.getTotalSlides()"))
             rep.ready = bool(self.eval("document.querySelector('.reveal').classList.contains('ready')"))
         imgs = self.eval("Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)") or []

@@ -3,7 +3,8 @@
 Builds every deck (lecture notebooks executed for their figures; concept and lab notebooks as stored),
 prints each to PDF, then checks per deck: reveal.js is ready, the slide count is the one the build
 computed, no request left localhost, no console error, every image loaded, the first slide is not blank,
-and the PDF has one page per slide.
+no slide runs past the screen (after the build's layout and the deck's fit), and the PDF has one page per
+slide.
 """
 import os
 import subprocess
@@ -50,6 +51,7 @@ def test_decks_in_a_real_browser(built):
             assert rep.console_errors == [], f"{b.name}: console errors {rep.console_errors[:3]}"
             assert rep.broken_images == 0, f"{b.name}: {rep.broken_images} image(s) did not load"
             assert not browser.png_is_blank(rep.screenshot), f"{b.name}: the first slide is blank"
+            assert rep.overflowing == [], f"{b.name}: slides run past the screen: {rep.overflowing[:3]}"
             (slides.SLIDES / "decks" / f"{b.name}.png").write_bytes(rep.screenshot)
 
 
@@ -70,3 +72,19 @@ def test_blank_detector_and_page_counter_can_fail():
     plt.close(fig)
     assert browser.png_is_blank(buf.getvalue())
     assert browser.pdf_page_count(b"<< /Type /Pages /Count 2 >> << /Type /Page >> << /Type /Page >>") == 2
+
+
+def test_overflow_detector_can_fail(built):
+    """A cell no layout can fit (a 300-line code block) must be reported, not silently cut."""
+    import nbformat
+    cell = nbformat.v4.new_markdown_cell("## Too long\n\n```\n" + "\n".join(f"line {i}" for i in range(300)) + "\n```")
+    cell.metadata["slideshow"] = {"slide_type": "slide"}
+    probe = slides.SLIDES / "decks" / "_probe.html"
+    try:
+        slides.export_html(nbformat.v4.new_notebook(cells=[cell]), probe)
+        with browser.StaticServer(slides.SLIDES) as url, browser.Chromium() as chrome:
+            rep = chrome.open(f"{url}/decks/_probe.html")
+        assert rep.ready and len(rep.overflowing) == 1
+        assert float(rep.overflowing[0]["fit"]) == slides.MIN_FIT
+    finally:
+        probe.unlink(missing_ok=True)
