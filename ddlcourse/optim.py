@@ -15,11 +15,18 @@ lars       pytorch_optimizer.LARS                      layer-wise trust ratio on
 lamb       pytorch_optimizer.Lamb                      layer-wise trust ratio on Adam (You et al. 2020)
 shampoo    pytorch_optimizer.Shampoo                   per-dimension preconditioner matrices, a
                                                        second-order method (Gupta et al. 2018)
+soap       pytorch_optimizer.SOAP                      Adam run in the eigenbasis of Shampoo's
+                                                       preconditioners (Vyas et al. 2024)
 =========  ==========================================  =========================================
+
+Plain Shampoo sums its statistics over all steps, as Adagrad does, so its steps shrink as training goes
+on and its learning rate does not carry over from one batch size to another. Production Shampoo grafts
+another optimizer's step size onto Shampoo's direction (Anil et al. 2020); SOAP, the stable variant the
+labs use, keeps Adam's moving averages in Shampoo's eigenbasis, so its lr behaves like Adam's.
 
 All of them take ``lr`` and ``weight_decay``; any other keyword goes to the class unchanged.
 
-Consistency across ranks: these optimizers keep their state (momentum, Adam moments, Shampoo's
+Consistency across ranks: these optimizers keep their state (momentum, Adam moments, Shampoo's and SOAP's
 preconditioners) per rank. With data parallelism every rank sees the same averaged gradient, so the
 states stay identical as long as every rank starts from the same state: broadcast it once
 (``hvd.broadcast_optimizer_state`` or :func:`broadcast_state`) after loading a checkpoint.
@@ -30,7 +37,7 @@ import torch
 
 from ddlcourse.schedules import with_warmup  # re-exported: the warmup the course uses everywhere
 
-OPTIMIZERS = ("sgd", "adam", "lars", "lamb", "shampoo")
+OPTIMIZERS = ("sgd", "adam", "lars", "lamb", "shampoo", "soap")
 
 # sensible defaults for the small models of the notebooks; a caller's keyword wins
 _DEFAULTS = {
@@ -39,9 +46,11 @@ _DEFAULTS = {
     "lars": dict(momentum=0.9, trust_coefficient=0.02),  # paper: 0.001 with lr ~10; small nets here
     "lamb": dict(),
     "shampoo": dict(momentum=0.9),
+    "soap": dict(precondition_frequency=10),   # re-diagonalise the preconditioners every 10 steps
 }
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "with_warmup", "broadcast_state"]
+__all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "with_warmup", "broadcast_state",
+           "state_tensors"]
 
 
 def _pytorch_optimizer(name: str):
@@ -50,7 +59,7 @@ def _pytorch_optimizer(name: str):
         warnings.simplefilter("ignore")
         import pytorch_optimizer
     return {"lars": pytorch_optimizer.LARS, "lamb": pytorch_optimizer.Lamb,
-            "shampoo": pytorch_optimizer.Shampoo}[name]
+            "shampoo": pytorch_optimizer.Shampoo, "soap": pytorch_optimizer.SOAP}[name]
 
 
 def make_optimizer(name: str, params, lr: float, weight_decay: float = 0.0, **kw) -> torch.optim.Optimizer:
@@ -84,10 +93,23 @@ def broadcast_state(optimizer: torch.optim.Optimizer, src: int = 0, group=None) 
     """
     import torch.distributed as tdist
     with torch.no_grad():
-        for state in optimizer.state.values():
-            for v in state.values():
-                if torch.is_tensor(v) and v.numel():
-                    tdist.broadcast(v, src=src, group=group)
+        for t in state_tensors(optimizer):
+            if t.numel():
+                tdist.broadcast(t, src=src, group=group)
+
+
+def state_tensors(optimizer: torch.optim.Optimizer):
+    """Every tensor of the optimizer's state, also inside lists (SOAP keeps one matrix per dimension)."""
+    def walk(v):
+        if torch.is_tensor(v):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from walk(x)
+
+    for state in optimizer.state.values():
+        for v in state.values():
+            yield from walk(v)
 
 
 # --------------------------------------------------------------------------- the experiments of notebook 07
@@ -97,7 +119,8 @@ RECIPES = {
     "adam": (0.002, "sqrt"),
     "lars": (0.5, "sqrt"),
     "lamb": (0.005, "sqrt"),
-    "shampoo": (0.05, "sqrt"),
+    "shampoo": (0.2, "none"),   # Adagrad-like accumulation: a large lr, not scaled up with the batch
+    "soap": (0.01, "sqrt"),
 }
 
 
@@ -177,10 +200,9 @@ def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False,
         if step == 0 and perturb:
             if info.rank == 1:
                 with torch.no_grad():
-                    for st in opt.state.values():
-                        for v in st.values():
-                            if torch.is_tensor(v) and v.is_floating_point() and v.numel() > 1:
-                                v.mul_(3.0)
+                    for v in state_tensors(opt):
+                        if v.is_floating_point() and v.numel() > 1:
+                            v.mul_(3.0)
             if fix:
                 broadcast_state(opt)
     comm = dist._comm()
@@ -192,5 +214,5 @@ def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False,
         comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
         return float((hi - lo).max())
 
-    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+    state = [v for v in state_tensors(opt) if v.numel() > 1]
     return {"state_spread": spread(state), "param_spread": spread(list(unwrap(model).parameters()))}

@@ -4,7 +4,7 @@ import torch
 
 from ddlcourse.optim import OPTIMIZERS, make_optimizer, make_optimizer_and_schedule
 
-LRS = {"sgd": 0.1, "adam": 0.1, "lars": 0.5, "lamb": 0.3, "shampoo": 1.0}
+LRS = {"sgd": 0.1, "adam": 0.1, "lars": 0.5, "lamb": 0.3, "shampoo": 1.0, "soap": 0.1}
 KW = {"lars": dict(trust_coefficient=0.1)}
 
 
@@ -47,3 +47,19 @@ def test_bad_name_and_lr():
         make_optimizer("kfac2", p, lr=0.1)
     with pytest.raises(ValueError, match="lr"):
         make_optimizer("sgd", p, lr=0)
+
+
+def test_soap_state_is_plain_tensors_so_checkpoints_load_with_weights_only(tmp_path):
+    """SOAP keeps lists of matrices; state_tensors finds them, and a checkpoint loads with weights_only=True."""
+    from ddlcourse.optim import state_tensors
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(3, 4, 3)
+    opt = make_optimizer("soap", model.parameters(), lr=0.01)
+    for _ in range(2):
+        opt.zero_grad(); model(torch.randn(2, 3, 8, 8)).square().mean().backward(); opt.step()
+    shapes = sorted(tuple(t.shape) for t in state_tensors(opt))
+    assert (4, 4) in shapes and (3, 3) in shapes          # the per-dimension preconditioner matrices
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    fresh = make_optimizer("soap", model.parameters(), lr=0.01)
+    fresh.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
+    assert sum(t.numel() for t in state_tensors(fresh)) == sum(t.numel() for t in state_tensors(opt))

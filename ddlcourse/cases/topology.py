@@ -262,7 +262,7 @@ def predict(cfg: Config, split: str = "val", n: int = 4) -> dict:
 def cli(argv: list[str], scale: str | None = None, backend: str = "ddp") -> int:
     ap = argparse.ArgumentParser(prog="python -m ddlcourse run topology",
                                  description="Train the topology-optimisation surrogate (run under mpiexec/srun).")
-    ap.add_argument("--optimizer", default="adam", help="sgd | adam | lars | lamb | shampoo")
+    ap.add_argument("--optimizer", default="adam", help="sgd | adam | lars | lamb | shampoo | soap")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--global-batch", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
