@@ -87,8 +87,10 @@ from torch import nn
 import torch.distributed as tdist
 from mpi4py import MPI
 from ddlcourse import dist
+from ddlcourse.parallel import syncbn
 from ddlcourse.parallel.syncbn import convert_sync_batchnorm
 
+syncbn.ALLREDUCE = "VIA"
 info = dist.init(horovod=False)
 r, n = info.rank, info.world_size
 worst = 0.0
@@ -119,12 +121,15 @@ for shape, cls in [((5,), nn.BatchNorm1d), ((5, 7), nn.BatchNorm1d), ((5, 4, 3),
 worst = MPI.COMM_WORLD.allreduce(worst, op=MPI.MAX)
 dist.shutdown()
 if r == 0:
-    print(worst)
+    print(worst, len(syncbn._MPI_COMMS))
 """
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
-def test_multi_rank_matches_full_batch(mpi, n):
-    worst = float(mpi(n, CODE).stdout.strip().splitlines()[-1])
-    assert worst < 2e-5, worst
+@pytest.mark.parametrize("via", ["auto", "torch"])
+def test_multi_rank_matches_full_batch(mpi, n, via):
+    """Both allreduce paths: MPI for CPU tensors ("auto") and torch.distributed (gloo here, NCCL on GPUs)."""
+    worst, comms = mpi(n, CODE.replace('"VIA"', repr(via))).stdout.strip().splitlines()[-1].split()
+    assert float(worst) < 2e-5, worst
+    assert int(comms) == (1 if via == "auto" else 0)     # the path asked for is the path taken
