@@ -55,14 +55,19 @@ def _mpi_comm(group):
         from mpi4py import MPI
     except ImportError:
         return None
-    if not MPI.Is_initialized() or MPI.Is_finalized():
+    # THREAD_MULTIPLE: Horovod's background thread may be in an MPI call of its own at the same time
+    if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         return None
     world = MPI.COMM_WORLD
     if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
         return None
     ranks = tuple(tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD))
     if ranks not in _MPI_COMMS:   # collective over the group's ranks only: they all reach the first forward
-        _MPI_COMMS[ranks] = world.Create_group(world.group.Incl(list(ranks)))
+        everyone = world.Get_group()
+        members = everyone.Incl(list(ranks))
+        _MPI_COMMS[ranks] = world.Create_group(members)
+        members.Free()
+        everyone.Free()
     return _MPI_COMMS[ranks]
 
 
