@@ -46,11 +46,18 @@ def _group_size(group) -> int:
 
 
 ALLREDUCE = "auto"          # "auto": MPI for CPU tensors where it maps onto the group; "torch": always torch
-_MPI_COMMS: dict = {}        # torch group ranks -> the MPI communicator with the same ranks
+_MPI_COMMS: dict = {}        # torch group (None: the world) -> the MPI communicator with its ranks, or None
 
 
 def _mpi_comm(group):
-    """The MPI communicator with the ranks of ``group``, or None where MPI does not map onto torch's ranks."""
+    """The MPI communicator with the ranks of ``group``, or None: use torch.distributed. Decided once per group
+    (the first forward), since it is asked three times per layer and step."""
+    if group not in _MPI_COMMS:
+        _MPI_COMMS[group] = _build_mpi_comm(group)
+    return _MPI_COMMS[group]
+
+
+def _build_mpi_comm(group):
     try:
         from mpi4py import MPI
     except ImportError:
@@ -61,14 +68,13 @@ def _mpi_comm(group):
     world = MPI.COMM_WORLD
     if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
         return None
-    ranks = tuple(tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD))
-    if ranks not in _MPI_COMMS:   # collective over the group's ranks only: they all reach the first forward
-        everyone = world.Get_group()
-        members = everyone.Incl(list(ranks))
-        _MPI_COMMS[ranks] = world.Create_group(members)
-        members.Free()
-        everyone.Free()
-    return _MPI_COMMS[ranks]
+    ranks = tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD)
+    everyone = world.Get_group()
+    members = everyone.Incl(list(ranks))
+    comm = world.Create_group(members)   # collective over the group's ranks only: they all reach the first forward
+    members.Free()
+    everyone.Free()
+    return comm
 
 
 def _allreduce_(t: torch.Tensor, group) -> torch.Tensor:
