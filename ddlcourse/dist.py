@@ -3,11 +3,15 @@
 Run on every rank (an ipyparallel engine, or a process under ``mpiexec``/``srun``)::
 
     from ddlcourse import dist
-    info = dist.init()            # torch.distributed (gloo on CPU, nccl on GPU) + Horovod
-    model.to(info.device)
-    dist.seed_everything(1234)    # rank r gets seed 1234 + r, see seed_for_rank
+    info = dist.init()            # torch.distributed (gloo on CPU; on GPU one group: cpu:gloo,cuda:nccl) + Horovod
+    model.to(info.device)         # every model and tensor a rank uses lives on info.device
+    dist.seed_everything(1234)    # rank r gets seed 1234 + 1000 * r, see seed_for_rank
 
 Everything here is idempotent: calling ``init()`` twice returns the same setup.
+
+``init()`` refuses, with a message that says what to do, the launches that would otherwise train wrongly
+without a word: a world of size 1 where the launcher started N processes (a wrong ``srun --mpi`` plugin),
+GPUs requested but CUDA unusable, and more ranks on a node than it has GPUs (:class:`LaunchError`).
 
 The seeding rule, used throughout the course
 -------------------------------------------
@@ -43,34 +47,133 @@ def world_size() -> int:
     return _comm().Get_size()
 
 
+class LaunchError(RuntimeError):
+    """The processes were started in a way that cannot train correctly (wrong launcher or device setup)."""
+
+
+# Launcher variables that give this process's rank among the processes of its host. Each is trusted only
+# when the launcher's own rank/size variables beside it match the MPI world (an inherited variable does not).
+_LOCAL_RANK_VARS = (
+    # (local rank, world rank, world size)
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),   # Open MPI
+    ("MPI_LOCALRANKID", "PMI_RANK", "PMI_SIZE"),                                        # MPICH hydra
+    ("PMI_LOCAL_RANK", "PMI_RANK", "PMI_SIZE"),                                         # PMI-2/PMIx
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),      # MVAPICH2
+    ("PALS_LOCAL_RANKID", "PALS_RANKID", None),                                         # Cray PALS
+)
+
+
+def _env_int(name: str | None) -> int | None:
+    v = os.environ.get(name) if name else None
+    return int(v) if v is not None and v.strip().isdigit() else None
+
+
+def _srun_step_matches(r: int, n: int) -> bool:
+    """True when this process is task ``r`` of an ``srun`` step of ``n`` tasks (so SLURM_LOCALID is ours).
+
+    Under ``mpiexec`` inside ``salloc``/``sbatch`` every rank inherits the batch step's SLURM_LOCALID=0 and
+    SLURM_PROCID=0: the rank or size then disagrees with MPI's, and the Slurm variables are not used.
+    """
+    return (_env_int("SLURM_LOCALID") is not None and _env_int("SLURM_PROCID") == r
+            and _env_int("SLURM_STEP_NUM_TASKS") == n)
+
+
+def _local_rank_from_launcher(r: int, n: int) -> tuple[int | None, str]:
+    """``(local rank, source)`` from the launcher that really started this process, or ``(None, "")``."""
+    if _srun_step_matches(r, n):
+        return _env_int("SLURM_LOCALID"), "SLURM_LOCALID"
+    for local, rank_var, size_var in _LOCAL_RANK_VARS:
+        lr = _env_int(local)
+        if lr is None or lr >= n:
+            continue
+        if _env_int(rank_var) != r or (size_var and _env_int(size_var) != n):
+            continue
+        return lr, local
+    return None, ""
+
+
 def local_rank() -> int:
     """Rank among the processes on this host.
 
-    Read from the launcher when it says (Slurm, Open MPI, MPICH/Hydra), else computed with an MPI
-    shared-memory split of COMM_WORLD.
+    From the launcher that actually started the process: Slurm's SLURM_LOCALID only in an ``srun`` step
+    whose task id and task count match the MPI rank and size, else the MPI launcher's own variable (Open
+    MPI, MPICH/Hydra, PMI, MVAPICH2, Cray PALS) when its rank and size match, else an MPI shared-memory
+    split of COMM_WORLD (computed once; collective the first time, which :func:`init` is).
     """
-    for var in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
-                "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID"):
-        v = os.environ.get(var)
-        if v is not None and v.isdigit():
-            return int(v)
+    comm = _comm()
+    value, _ = _local_rank_from_launcher(comm.Get_rank(), comm.Get_size())
+    if value is not None:
+        return value
     if "local_rank" not in _STATE:
         from mpi4py import MPI
-        node = _comm().Split_type(MPI.COMM_TYPE_SHARED)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _STATE["local_rank"] = node.Get_rank()
         node.Free()
     return _STATE["local_rank"]
 
 
+def check_launch() -> None:
+    """Refuse an MPI world of one process when the launcher started several (a wrong PMI plugin).
+
+    With the wrong ``srun --mpi=`` plugin, srun starts N processes that each see an MPI world of size 1:
+    every one is "rank 0 of 1", every check agrees with itself, and a training job trains N copies.
+    """
+    n = _comm().Get_size()
+    if n != 1:
+        return
+    said = {v: _env_int(v) for v in ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")}
+    if _env_int("SLURM_PROCID") is None:      # SLURM_STEP_NUM_TASKS speaks for this process only in a step
+        said.pop("SLURM_STEP_NUM_TASKS")
+    many = {k: v for k, v in said.items() if v is not None and v > 1}
+    if many:
+        k, v = next(iter(many.items()))
+        raise LaunchError(
+            f"MPI sees a world of 1 process, but the launcher started {v} ({k}={v}): each process is running "
+            "alone as 'rank 0 of 1'. Under srun the PMI plugin does not match this MPI: use "
+            "`srun --mpi=pmi2` for the course venv's MPICH (the templates read $DDLCOURSE_SRUN_MPI; "
+            "`srun --mpi=list` shows what the site offers: pmix for Open MPI 5, cray_shasta for Cray MPICH), "
+            "or start the ranks with the venv's mpiexec. See env/slurm/README.md.")
+
+
+def _gpus_requested() -> str | None:
+    """Why this job looks like it asked for GPUs (for the error when CUDA is unusable), or None."""
+    g = os.environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    if g.isdigit() and int(g) > 0:
+        return f"SLURM_GPUS_ON_NODE={g}"
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if cvd and cvd not in ("-1", "NoDevFiles") and not cvd.startswith("-"):
+        return f"CUDA_VISIBLE_DEVICES={cvd}"
+    return None
+
+
 def pick_device(local: int | None = None):
-    """The GPU matching the local rank when CUDA is available, else the CPU."""
+    """The GPU matching the local rank when CUDA is available, else the CPU.
+
+    Raises :class:`LaunchError` when the job asked for GPUs but CUDA is unusable here (a CPU build of
+    torch, a driver too old), rather than training on the CPU without a word; set
+    ``DDLCOURSE_ALLOW_CPU=1`` to accept the CPU anyway.
+    """
     import torch
 
     if torch.cuda.is_available():
         local = local_rank() if local is None else local
-        idx = local % torch.cuda.device_count()
+        count = torch.cuda.device_count()
+        if local >= count and os.environ.get("DDLCOURSE_SHARE_GPUS") != "1":
+            raise LaunchError(
+                f"local rank {local} on {socket.gethostname()} has no GPU of its own: this node shows {count} "
+                f"GPU(s) and at least {local + 1} ranks. Start at most {count} ranks per node (e.g. "
+                f"--ntasks-per-node={count}), or set DDLCOURSE_SHARE_GPUS=1 to let ranks share GPUs on purpose.")
+        idx = local % count
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
+    why = _gpus_requested()
+    if why and os.environ.get("DDLCOURSE_ALLOW_CPU") != "1":
+        build = (f"this torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None else
+                 f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use the GPU: "
+                 "check the driver (nvidia-smi) against that CUDA version")
+        raise LaunchError(
+            f"the job asked for GPUs ({why}) but CUDA is not usable here: {build}. Use the GPU environment "
+            "(environment.yml, env/GPU_CLUSTER.md), or set DDLCOURSE_ALLOW_CPU=1 to run on the CPU on purpose.")
     return torch.device("cpu")
 
 
@@ -113,33 +216,117 @@ class DistInfo:
     horovod: bool
 
 
-def _rendezvous_address() -> tuple[str, int]:
-    """Rank 0 picks a free TCP port on its host and broadcasts ``(address, port)``."""
-    comm = _comm()
-    addr = port = None
-    if comm.Get_rank() == 0:
-        hosts = comm.gather(socket.gethostname(), root=0)
-        single_host = len(set(hosts)) == 1
-        addr = "127.0.0.1" if single_host else os.environ.get("DDLCOURSE_MASTER_ADDR") or _routable_ip()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("" if not single_host else "127.0.0.1", 0))
-            port = s.getsockname()[1]
-    else:
-        comm.gather(socket.gethostname(), root=0)
-    return comm.bcast((addr, port), root=0)
+def _ipv4_interfaces() -> list[tuple[str, str, str]]:
+    """``(interface, address, netmask)`` of this host's IPv4 addresses that are not loopback."""
+    import psutil
+
+    out = []
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                out.append((name, a.address, a.netmask or "255.255.255.255"))
+    return out
 
 
-def _routable_ip() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
+def _same_subnet(a: str, b: str, mask: str) -> bool:
+    import ipaddress
+    net = ipaddress.IPv4Network(f"{a}/{mask}", strict=False)
+    return ipaddress.IPv4Address(b) in net
+
+
+def rendezvous_address(hosts: list[str], interfaces: list[list[tuple[str, str, str]]]) -> str:
+    """The address rank 0 listens on: loopback on one host, else one the other hosts can reach.
+
+    ``hosts[r]`` and ``interfaces[r]`` are rank r's hostname and IPv4 interfaces. On several hosts, rank
+    0's address that shares a subnet with every other host, and that no other host has too (docker0's
+    172.17.0.1 is on every node), is chosen: a cluster's node network, never 127.x. Where no subnet is
+    shared (a routed network), rank 0's first such address is used; ``$DDLCOURSE_MASTER_ADDR`` overrides.
+    """
+    if len(set(hosts)) == 1:
         return "127.0.0.1"
+    forced = os.environ.get("DDLCOURSE_MASTER_ADDR")
+    if forced:
+        return forced
+    mine = interfaces[0]
+    others = [iface for h, iface in zip(hosts, interfaces) if h != hosts[0]]
+    taken = {a for o in others for _, a, _ in o}   # e.g. docker0's 172.17.0.1 on every node: not ours alone
+    for _, addr, mask in mine:
+        if addr not in taken and all(any(_same_subnet(addr, o_addr, mask) for _, o_addr, _ in o) for o in others):
+            return addr
+    for _, addr, _ in mine:
+        if addr not in taken:
+            return addr
+    raise LaunchError(f"rank 0 on {hosts[0]} has no network address other than loopback, so ranks on "
+                      f"{sorted(set(hosts) - {hosts[0]})} cannot reach it; set DDLCOURSE_MASTER_ADDR")
 
 
-def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0) -> DistInfo:
+def _interface_towards(addr: str, interfaces: list[tuple[str, str, str]]) -> str | None:
+    """This host's interface on the same subnet as ``addr`` (for gloo's GLOO_SOCKET_IFNAME)."""
+    for name, mine, mask in interfaces:
+        if mine == addr or _same_subnet(mine, addr, mask):
+            return name
+    return None
+
+
+def _store(comm, timeout):
+    """A TCPStore for the process group: rank 0 listens on a port the OS picks and broadcasts it.
+
+    Binding port 0 and passing the number on (rather than probing for a free port, closing it and hoping
+    it is still free) has no race when tests or jobs start in parallel.
+    """
+    from torch.distributed import TCPStore
+
+    r, n = comm.Get_rank(), comm.Get_size()
+    host = socket.gethostname()
+    ifaces = _ipv4_interfaces()
+    hosts = comm.allgather(host)
+    all_ifaces = comm.allgather(ifaces)
+    addr = rendezvous_address(hosts, all_ifaces) if r == 0 else None
+    addr = comm.bcast(addr, root=0)
+    if len(set(hosts)) > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo finds its own address from the hostname, which often resolves to 127.0.1.1: point it at the
+        # interface on the node network instead.
+        name = _interface_towards(addr, ifaces)
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+    store = port = None
+    err = None
+    if r == 0:
+        try:
+            store = TCPStore(addr, 0, n, is_master=True, timeout=timeout, wait_for_workers=False)
+            port = store.port
+        except Exception as e:          # tell the other ranks, rather than leaving them waiting
+            err = f"rank 0 could not listen on {addr}: {e}"
+    port, err = comm.bcast((port, err), root=0)
+    if err:
+        raise LaunchError(err)
+    if r != 0:
+        store = TCPStore(addr, port, n, is_master=False, timeout=timeout)
+    _STATE["rendezvous"] = (addr, port)
+    return store
+
+
+def rendezvous() -> tuple[str, int] | None:
+    """The ``(address, port)`` the process group met at (after :func:`init`)."""
+    return _STATE.get("rendezvous")
+
+
+def _agree_or_raise(comm, problem: str | None) -> None:
+    """Collective: if any rank found a problem, every rank raises it (no rank is left waiting)."""
+    problems = [p for p in comm.allgather(problem) if p]
+    if problems:
+        raise LaunchError(problems[0] if len(set(problems)) == 1 else "; ".join(sorted(set(problems))))
+
+
+def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0, tf32: bool = False) -> DistInfo:
     """Initialise ``torch.distributed`` from the MPI world (and Horovod). Idempotent.
 
-    ``backend``: ``"auto"`` (nccl with CUDA, else gloo), ``"gloo"`` or ``"nccl"``.
+    ``backend``: ``"auto"`` (nccl with CUDA, else gloo), ``"gloo"`` or ``"nccl"``. With nccl the default
+    group is ``"cpu:gloo,cuda:nccl"``: CUDA tensors go through NCCL and CPU tensors through gloo, so a
+    helper that all-reduces a CPU number still works on a GPU node. ``DistInfo.backend`` says ``nccl``.
+
+    ``tf32``: on CUDA, TF32 matrix products are off by default, because the course compares distributed
+    results with serial ones to 1e-5 and TF32 rounds inputs to 10 mantissa bits. Pass ``tf32=True`` for speed.
     """
     import datetime
 
@@ -154,26 +341,37 @@ def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0) 
             _init_horovod(info.rank, info.world_size)
             info = _STATE["info"] = DistInfo(**{**info.__dict__, "horovod": True})
         return info
+    check_launch()
     set_threads()
     comm = _comm()
     r, n = comm.Get_rank(), comm.Get_size()
-    device = pick_device()
+    local = local_rank()
+    device = problem = None
+    try:
+        device = pick_device(local)
+    except LaunchError as e:
+        problem = str(e)
+    _agree_or_raise(comm, problem)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}; use 'auto', 'gloo' or 'nccl'")
-    if backend == "nccl" and device.type != "cuda":
-        raise RuntimeError("backend 'nccl' needs a CUDA device, and this rank has none; use 'gloo'")
+    _agree_or_raise(comm, "backend 'nccl' needs a CUDA device on every rank; use 'gloo'"
+                    if backend == "nccl" and device.type != "cuda" else None)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
     if not tdist.is_initialized():
-        addr, port = _rendezvous_address()
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        tdist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=r, world_size=n,
-                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _store(comm, timeout)
+        if backend == "nccl":
+            tdist.init_process_group("cpu:gloo,cuda:nccl", store=store, rank=r, world_size=n,
+                                     timeout=timeout, device_id=device)
+        else:
+            tdist.init_process_group(backend, store=store, rank=r, world_size=n, timeout=timeout)
     used_hvd = False
     if horovod:
         _init_horovod(r, n)
         used_hvd = True
-    info = DistInfo(rank=r, world_size=n, local_rank=local_rank(), device=device, backend=backend,
+    info = DistInfo(rank=r, world_size=n, local_rank=local, device=device, backend=backend,
                     host=socket.gethostname(), horovod=used_hvd)
     _STATE["info"] = info
     return info

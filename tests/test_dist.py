@@ -91,3 +91,103 @@ def test_horovod_can_be_added_after_a_torch_only_init(mpi):
         "if b.rank == 0: print(s)\n"
     )
     assert mpi(2, code).stdout.strip() == "2.0"
+
+
+# ----------------------------------------------------------------------------- launches that must be right
+def test_local_rank_ignores_an_inherited_slurm_localid(mpi):
+    """mpiexec inside sbatch: every rank inherits the batch step's SLURM_LOCALID=0 and SLURM_PROCID=0."""
+    code = (
+        "from ddlcourse import dist\n"
+        "from mpi4py import MPI\n"
+        "lr = MPI.COMM_WORLD.gather(dist.local_rank(), root=0)\n"
+        "if MPI.COMM_WORLD.Get_rank() == 0: print(lr)\n"
+    )
+    env = {"SLURM_LOCALID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_ID": "1"}
+    assert mpi(2, code, env=env).stdout.strip() == "[0, 1]"
+
+
+def test_local_rank_trusts_slurm_in_a_matching_srun_step():
+    """In an srun step whose task ids and count match MPI's, SLURM_LOCALID is the launcher's answer."""
+    from ddlcourse.cluster import find_mpiexec
+    code = ("from ddlcourse import dist; from mpi4py import MPI\n"
+            "lr = MPI.COMM_WORLD.gather(dist.local_rank(), root=0)\n"
+            "if MPI.COMM_WORLD.Get_rank() == 0: print(lr)\n")
+    cmd = [find_mpiexec(), "-bind-to", "none"]
+    for r in range(2):   # MPMD: each rank its own Slurm variables, local ids deliberately reversed
+        if r:
+            cmd.append(":")
+        cmd += ["-n", "1", "-env", "SLURM_PROCID", str(r), "-env", "SLURM_LOCALID", str(1 - r),
+                "-env", "SLURM_STEP_NUM_TASKS", "2", sys.executable, "-c", code]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[1, 0]"
+
+
+def _init_alone(env_extra: dict) -> subprocess.CompletedProcess:
+    import os
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PMI_", "OMPI_", "CUDA_VISIBLE", "DDLCOURSE_ALLOW"))}
+    env.update(env_extra)
+    code = ("from ddlcourse import dist\n"
+            "try:\n"
+            "    info = dist.init(horovod=False)\n"
+            "    print('device', info.device, info.world_size)\n"
+            "    dist.shutdown()\n"
+            "except dist.LaunchError as e:\n"
+            "    print('LaunchError:', e)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_a_singleton_launch_is_refused_with_what_to_do():
+    """srun with the wrong --mpi plugin: 4 processes, each an MPI world of 1."""
+    p = _init_alone({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "4"})
+    assert "LaunchError:" in p.stdout, p.stdout + p.stderr
+    assert "world of 1 process" in p.stdout and "SLURM_STEP_NUM_TASKS=4" in p.stdout
+    assert "--mpi=pmi2" in p.stdout
+    hydra = _init_alone({"PMI_SIZE": "2", "PMI_RANK": "0"})
+    assert "PMI_SIZE=2" in hydra.stdout, hydra.stdout + hydra.stderr
+    alone = _init_alone({})  # a plain single process is fine
+    assert alone.stdout.strip() == "device cpu 1", alone.stdout + alone.stderr
+
+
+def test_gpus_requested_but_cuda_unusable_is_an_error_not_a_silent_cpu_run():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a usable GPU")
+    for var, val in (("CUDA_VISIBLE_DEVICES", "0"), ("SLURM_GPUS_ON_NODE", "4")):
+        p = _init_alone({var: val})
+        assert "LaunchError:" in p.stdout and f"{var}={val}" in p.stdout, p.stdout + p.stderr
+        assert "CPU-only build" in p.stdout and "DDLCOURSE_ALLOW_CPU=1" in p.stdout
+    ok = _init_alone({"CUDA_VISIBLE_DEVICES": "0", "DDLCOURSE_ALLOW_CPU": "1"})
+    assert ok.stdout.strip() == "device cpu 1", ok.stdout + ok.stderr
+    hidden = _init_alone({"CUDA_VISIBLE_DEVICES": ""})   # GPUs hidden on purpose: the CPU, no error
+    assert hidden.stdout.strip() == "device cpu 1"
+
+
+def test_rendezvous_address_is_never_loopback_across_hosts(monkeypatch):
+    monkeypatch.delenv("DDLCOURSE_MASTER_ADDR", raising=False)
+    one = [("eth0", "10.1.0.5", "255.255.0.0")]
+    assert dist.rendezvous_address(["a", "a"], [one, one]) == "127.0.0.1"
+    node0 = [("docker0", "172.17.0.1", "255.255.0.0"), ("ib0", "192.0.2.1", "255.255.255.0")]
+    node1 = [("docker0", "172.17.0.1", "255.255.0.0"), ("ib0", "192.0.2.2", "255.255.255.0")]
+    # docker0 has the same address on every host, so it cannot name rank 0's host: the node network wins
+    assert dist.rendezvous_address(["n0", "n1"], [node0, node1]) == "192.0.2.1"
+    monkeypatch.setenv("DDLCOURSE_MASTER_ADDR", "198.51.100.7")
+    assert dist.rendezvous_address(["n0", "n1"], [node0, node1]) == "198.51.100.7"
+    monkeypatch.delenv("DDLCOURSE_MASTER_ADDR")
+    with pytest.raises(dist.LaunchError, match="no network address other than loopback"):
+        dist.rendezvous_address(["n0", "n1"], [[], node1])
+
+
+def test_the_store_port_is_the_one_rank0_listens_on(mpi):
+    """Rank 0 binds port 0 and broadcasts the port the OS gave it (no probe-close-reuse race)."""
+    code = (
+        "from ddlcourse import dist\n"
+        "from mpi4py import MPI\n"
+        "info = dist.init(horovod=False)\n"
+        "addr, port = dist.rendezvous()\n"
+        "seen = MPI.COMM_WORLD.gather((addr, port), root=0)\n"
+        "dist.shutdown()\n"
+        "if info.rank == 0: print(len(set(seen)), seen[0][0], seen[0][1] > 0)\n"
+    )
+    assert mpi(2, code).stdout.split() == ["1", "127.0.0.1", "True"]
