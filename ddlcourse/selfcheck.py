@@ -8,6 +8,11 @@ in the notebook) and prints a verdict with a hint, in the spirit of karpathy's `
 
 Each notebook's reference answers live in ``ddlcourse/exercises/nbNN_topic.py`` (one file per notebook),
 registered with the ``@exercise`` decorator; every module of that package is imported on first use.
+
+Coding exercises (the learner writes the function) register a *checker* with ``@code_exercise``: it runs
+the learner's function, compares with the package's reference and names the typical mistake it sees::
+
+    check_code("ring_reduce_scatter", my_reduce_scatter, cluster=c)   # runs on every rank of c
 """
 from __future__ import annotations
 
@@ -59,3 +64,103 @@ def _load_all():
     import ddlcourse.exercises as pkg
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
+
+
+# --------------------------------------------------------------------------- exercises where the learner writes code
+class Verdict:
+    """A checker's answer: ``ok`` and a message that says what is wrong (not only "not quite")."""
+
+    __slots__ = ("ok", "message")
+
+    def __init__(self, ok: bool, message: str = ""):
+        self.ok, self.message = bool(ok), message
+
+    def __repr__(self) -> str:
+        return f"Verdict(ok={self.ok}, message={self.message!r})"
+
+
+# name -> (checker(fn, **kwargs) -> Verdict, distributed?)
+CODE_EXERCISES: dict[str, tuple[Callable, bool]] = {}
+
+
+def code_exercise(name: str, distributed: bool = False):
+    """Register ``checker(fn, **kwargs) -> Verdict`` for the coding exercise ``name``.
+
+    The checker calls the learner's function on its own inputs, compares with the package's reference,
+    and when they differ names the typical mistake it recognises (see :func:`diagnose`).
+    ``distributed=True``: the checker runs on every rank of a cluster (it may use MPI or torch.distributed).
+    """
+    def deco(checker):
+        if name in CODE_EXERCISES and CODE_EXERCISES[name][0].__module__ != checker.__module__:
+            raise ValueError(f"code exercise {name!r} is defined twice")
+        CODE_EXERCISES[name] = (checker, distributed)
+        return checker
+    return deco
+
+
+def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5, atol: float = 1e-7,
+             what: str = "the result") -> Verdict:
+    """Right when ``answer`` matches ``reference``; else the hint of the first mistake it matches.
+
+    ``mistakes`` maps a hint ("you summed the gradients; divide by the number of ranks") to the output that
+    mistake produces on the same inputs.
+    """
+    if _close(answer, reference, rtol, atol) and np.shape(answer) == np.shape(reference):
+        return Verdict(True)
+    if np.shape(answer) != np.shape(reference):
+        return Verdict(False, f"{what} has shape {np.shape(answer)}, expected {np.shape(reference)}")
+    for hint, wrong in (mistakes or {}).items():
+        if _close(answer, wrong, rtol, atol):
+            return Verdict(False, hint)
+    try:
+        err = float(np.max(np.abs(np.asarray(answer, dtype=float) - np.asarray(reference, dtype=float))))
+        return Verdict(False, f"{what} differs from the reference by up to {err:.3g}")
+    except (TypeError, ValueError):
+        return Verdict(False, f"{what} is {answer!r}, expected {reference!r}")
+
+
+def run_checker(name: str, fn, **kwargs) -> Verdict:
+    """Run the checker of ``name`` on ``fn`` here (on one rank); an exception in ``fn`` is a verdict too."""
+    _load_all()
+    if name not in CODE_EXERCISES:
+        raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
+    checker, _ = CODE_EXERCISES[name]
+    try:
+        return checker(fn, **kwargs)
+    except NotImplementedError:
+        return Verdict(False, "not written yet: replace the `raise NotImplementedError` with your code")
+    except Exception as e:  # the learner's code raised: say where, not a traceback from the checker
+        return Verdict(False, f"your function raised {type(e).__name__}: {e}")
+
+
+def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) -> bool:
+    """Check the learner's function ``fn`` for coding exercise ``name``; print the verdict, return it.
+
+    A distributed exercise needs ``cluster`` (an ``MPICluster``): the checker runs on every rank and the
+    exercise is right only if it is right on every rank.
+    """
+    _load_all()
+    if name not in CODE_EXERCISES:
+        raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
+    _, distributed = CODE_EXERCISES[name]
+    if distributed:
+        if cluster is None:
+            raise ValueError(f"exercise {name!r} runs on the ranks: pass cluster=c")
+        ar = cluster.view.apply_async(run_checker, name, fn, **kwargs)
+        try:
+            verdicts = ar.get(timeout=timeout)
+        except TimeoutError:
+            print(f"[{name}] no answer from the ranks after {timeout:.0f} s: a send without its receive, or a "
+                  "collective that not every rank calls, waits for ever. Restart the cluster and check the order "
+                  "of your communication calls.")
+            return False
+    else:
+        verdicts = [run_checker(name, fn, **kwargs)]
+    bad = [(r, v) for r, v in enumerate(verdicts) if not v.ok]
+    if not bad:
+        print(f"[{name}] correct" + (f" on all {len(verdicts)} ranks" if distributed else ""))
+        return True
+    r, v = bad[0]
+    where = f" (rank {r}{' and others' if len(bad) > 1 else ''})" if distributed else ""
+    print(f"[{name}] not yet{where}: {v.message}")
+    return False
