@@ -230,6 +230,13 @@ class ShardedArrayDataset:
     ``ds[i]`` is a tuple of arrays (one per key, in index order) for this rank's ``i``-th sample; it works as a
     map-style dataset for ``torch.utils.data.DataLoader``. Only the shards overlapping this rank's range are
     ever opened (see ``shards_opened``); they are opened lazily, so the object pickles cheaply to workers.
+
+    The trade-off (notebook 14): rank ``r`` reads the **same** contiguous block in every epoch, and with
+    ``equal=True`` the last ``count % world_size`` samples are never read. That buys locality (each rank
+    opens about ``1 / world_size`` of the shards) at the price of notebook 03's rule: there is no shared
+    per-epoch permutation, so a run is not sample-for-sample the serial run. For that rule, read the
+    indices of :func:`ddlcourse.sharding.sharded_batches` from ``ShardedArrayDataset(directory)`` (the whole
+    set): every rank then touches most shards (:func:`shard_ids`).
     """
 
     def __init__(self, directory: str | os.PathLike, rank: int = 0, world_size: int = 1,
@@ -288,6 +295,15 @@ class ShardedArrayDataset:
                 parts.append(np.asarray(self._map(sid, k)[lo:hi]))
             out.append(np.concatenate(parts))
         return tuple(out)
+
+
+def shard_ids(index: dict, indices) -> set[int]:
+    """The shards that hold the samples ``indices`` (global sample numbers) of the data set of ``index``."""
+    bounds = np.cumsum([s["count"] for s in index["shards"]])     # shard s holds [bounds[s-1], bounds[s])
+    idx = np.asarray(indices, dtype=np.int64).ravel()
+    if idx.size and (idx.min() < 0 or idx.max() >= bounds[-1]):
+        raise ShardError(f"sample indices must lie in [0, {int(bounds[-1])})")
+    return {int(s) for s in np.searchsorted(bounds, idx, side="right")}
 
 
 def rank_share(directory: str | os.PathLike) -> dict:

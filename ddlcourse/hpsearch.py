@@ -197,6 +197,14 @@ def top_k(results: list[dict], k: int) -> list[dict]:
     return sorted(results, key=lambda r: (r["val_loss"], r["trial"]))[:k]
 
 
+def promote(results: list[dict], eta: int) -> list[dict]:
+    """One rung of successive halving: the best ``len(results) // eta`` results (lowest ``val_loss``, ties
+    broken by the smaller trial id), best first. Their configurations go on to the next rung."""
+    if eta < 2:
+        raise ValueError(f"need eta >= 2, got eta={eta}")
+    return top_k(results, len(results) // eta)
+
+
 def successive_halving(configs: list[dict], min_budget: int, eta: int = 3, max_budget: int | None = None,
                        view=None, progress: bool = True, **kwargs) -> list[list[dict]]:
     """Train all ``configs`` on ``min_budget``; keep the best ``1/eta``; multiply the budget by ``eta``; repeat.
@@ -211,10 +219,9 @@ def successive_halving(configs: list[dict], min_budget: int, eta: int = 3, max_b
     while True:
         res = run_trials(alive, budget, view, progress=progress, desc=f"rung {len(rungs)}: budget {budget}", **kwargs)
         rungs.append(res)
-        keep = len(alive) // eta
-        if keep < 1 or (max_budget is not None and budget * eta > max_budget):
+        if len(alive) // eta < 1 or (max_budget is not None and budget * eta > max_budget):
             return rungs
-        survivors = {r["trial"] for r in top_k(res, keep)}
+        survivors = {r["trial"] for r in promote(res, eta)}
         alive = [c for c in alive if c["trial"] in survivors]
         budget *= eta
 

@@ -21,10 +21,12 @@ Pipeline stages (``num_stages``) split the model over devices: each stage has 1/
 the gradients, ``world_size / S`` replicas do data parallelism, and the GPipe bubble
 ``(S - 1) / (M + S - 1)`` with ``M`` micro-batches idles part of every step.
 
-:data:`SYSTEMS`, :data:`WORKLOADS` and :data:`PUBLISHED` hold stated hardware parameters and the
-published results the course checks the model against (:func:`validate`). The constants measured
-on your own machine come from :func:`measure_allreduce`, :func:`fit_alpha_beta` and
-:func:`measure_compute`.
+:data:`SYSTEMS` holds stated hardware parameters; :data:`PUBLISHED` holds published results, each with a
+precise source and a role. A **calibration** point fixes the one fitted constant, the fraction of peak
+``mfu`` of its device, so the model reproduces it by construction (:func:`calibrate_mfu`); a **held-out**
+point is predicted with constants fixed elsewhere and compared (:func:`validate`): only those are checks.
+:func:`sensitivity` shows how much a prediction rests on each constant. The constants measured on your own
+machine come from :func:`measure_allreduce`, :func:`fit_alpha_beta` and :func:`measure_compute`.
 """
 from __future__ import annotations
 
@@ -79,21 +81,21 @@ class Workload:
 # ResNet-50: 25.6 M parameters (102 MB of fp32 gradients), 4.1 G multiply-adds forward per 224x224 image
 # (He et al. 2016), so 3 x 2 x 4.1e9 = 24.6 GFLOP per image for forward + backward.
 RESNET50 = Workload("ResNet-50", flops_per_sample=24.6e9, n_params=25.6e6, micro_batch=64,
-                    source="He et al. 2016; Goyal et al. 2017")
+                    source="He et al. 2016, Deep Residual Learning for Image Recognition, CVPR (Table 1)")
 
 # Hardware parameters from vendor specifications. Latencies are end-to-end software latencies of one
-# message (NCCL/MPI over NVLink ~10 us, over InfiniBand ~5 us), not the wire latency.
-V100_FP32 = 15.7e12   # V100 SXM2 fp32 peak (NVIDIA V100 datasheet); fp16 tensor cores: 125e12
+# message (NCCL/MPI over NVLink ~10 us, over InfiniBand ~5 us), not the wire latency; they are assumptions.
+P100_FP32 = 10.6e12          # Tesla P100 SXM2 fp32 peak (NVIDIA P100 datasheet); no tensor cores
+V100_FP32 = 15.7e12          # Tesla V100 SXM2 fp32 peak (NVIDIA V100 datasheet)
+V100_TENSOR_FP16 = 125e12    # V100 SXM2 fp16 tensor-core peak: what mixed-precision training can use
 SYSTEMS: dict[str, System] = {
-    "dgx1": System("DGX-1 class node, 8 V100 SXM2, NVLink 2", 8, V100_FP32,
-                   intra=Link(10e-6, 50 * GB), inter=Link(5e-6, 4 * 12.5 * GB),
-                   source="NVIDIA V100 and DGX-1 datasheets: 2 NVLink bricks x 25 GB/s between GPU pairs"),
+    "bigbasin": System("Big Basin: 8 P100 SXM2 per server (NVLink), 50 Gbit/s Ethernet between servers", 8,
+                       P100_FP32, intra=Link(10e-6, 40 * GB), inter=Link(10e-6, 50e9 / 8),
+                       source="Goyal et al. 2017 (hardware as described in the paper); P100 datasheet; the "
+                              "40 GB/s ring bandwidth inside the server is our assumption for NVLink 1"),
     "summit": System("Summit: 6 V100 per node, dual-rail EDR InfiniBand", 6, V100_FP32,
                      intra=Link(10e-6, 50 * GB), inter=Link(5e-6, 2 * 12.5 * GB),
                      source="OLCF Summit user guide: 6 V100, NVLink 2 (50 GB/s), 2 x EDR IB 100 Gb/s per node"),
-    "lassen": System("Lassen: 4 V100 per node, dual-rail EDR InfiniBand", 4, V100_FP32,
-                     intra=Link(10e-6, 75 * GB), inter=Link(5e-6, 2 * 12.5 * GB),
-                     source="LLNL Lassen: 4 V100, NVLink 2 (3 bricks, 75 GB/s), 2 x EDR IB per node"),
     # Frontera: 2 x Xeon Platinum 8280 (2 x 28 cores), 4 MPI processes per node -> 14 cores each.
     # Peak per process: 14 cores x 64 fp32 FLOP/cycle (2 AVX-512 FMA units) x 2.0 GHz AVX-512 clock.
     "frontera": System("Frontera: 2 x Xeon 8280 (Cascade Lake), 4 processes per node, HDR-100 IB", 4,
@@ -104,31 +106,58 @@ SYSTEMS: dict[str, System] = {
 
 @dataclass(frozen=True)
 class Published:
-    """One published result and the configuration it was measured on."""
+    """One published result, the configuration it was measured on, and what the model does with it.
+
+    ``role`` is ``"calibration"`` (the point fixes a constant, the fraction of peak ``mfu``, so the model
+    reproduces it by construction: it is not a check) or ``"held-out"`` (predicted with constants fixed
+    elsewhere, then compared: a check). ``calibrated_by`` names the calibration point whose ``mfu`` a
+    held-out point uses. ``baseline`` is the number of devices an efficiency is measured against.
+    ``assumed`` lists what the source does not state and the model had to assume.
+    """
+    key: str
     label: str
     system: str
     workload: Workload
     world_size: int
-    metric: str          # "throughput" (samples/s, all devices), "speedup" or "efficiency"
+    metric: str          # "throughput" (samples/s, all devices) or "efficiency"
     value: float
-    source: str
+    source: str          # authors, year, title, venue, and where in the paper the number is
+    role: str            # "calibration" or "held-out"
+    calibrated_by: str = ""
+    baseline: int = 1
+    assumed: str = ""
 
 
+_GOYAL = ("Goyal et al. 2017, Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour, arXiv:1706.02677 "
+          "(abstract)")
 PUBLISHED: list[Published] = [
-    Published("ResNet-50, 1 V100", "dgx1", RESNET50, 1, "throughput", 334.0,
-              "MVAPICH2-GDR / Horovod TensorFlow benchmark (OSU HiDL)"),
-    Published("ResNet-50, 2 V100 speedup", "dgx1", RESNET50, 2, "speedup", 1.89,
-              "MVAPICH2-GDR / Horovod TensorFlow benchmark (OSU HiDL)"),
-    Published("ResNet-50, 1,536 V100 on Summit", "summit", RESNET50, 1536, "throughput", 0.42e6,
-              "Summit ResNet-50 reports (~4.5 min for 90 epochs); cf. Goyal et al. 2017, Kumar et al. 2019"),
-    Published("ResNet-50, 2,048 Frontera nodes", "frontera", RESNET50, 2048 * 4, "throughput", 260e3,
-              "Jain et al. 2019, DLS workshop at SC19 (TensorFlow + Horovod + MVAPICH2)"),
-    Published("Hy-Fi, 2,048 V100 efficiency", "lassen", RESNET50, 2048, "efficiency", 0.945,
-              "Jain et al. 2022, Hy-Fi, ISC High Performance"),
+    # 90 epochs of ImageNet-1k's 1,281,167 training images in about one hour on 256 P100, batch 8192 (32 per GPU)
+    Published("goyal2017_throughput", "ResNet-50, 256 P100, batch 8k", "bigbasin",
+              replace(RESNET50, micro_batch=32), 256, "throughput", 90 * 1_281_167 / 3600,
+              _GOYAL + ": batch 8192 on 256 GPUs in one hour; 90 epochs", "calibration",
+              assumed="fp32 compute; 'one hour' taken as 3600 s of training"),
+    Published("goyal2017_efficiency", "ResNet-50, 8 -> 256 P100 efficiency", "bigbasin",
+              replace(RESNET50, micro_batch=32), 256, "efficiency", 0.90,
+              _GOYAL + ": ~90% scaling efficiency from 8 to 256 GPUs", "held-out",
+              calibrated_by="goyal2017_throughput", baseline=8),
+    Published("jain2019_frontera", "ResNet-50, 8,192 Frontera processes", "frontera", RESNET50, 2048 * 4,
+              "throughput", 250e3,
+              "Jain, Awan, Subramoni & Panda 2019, Scaling TensorFlow, PyTorch, and MXNet using MVAPICH2 for "
+              "High-Performance Deep Learning on Frontera, DLS workshop at SC19 (abstract: 250,000 images/s "
+              "on 2,048 nodes, 4 processes per node)", "calibration",
+              assumed="64 images per process"),
+    Published("yin2019_summit", "ResNet-50, 6,144 V100 Summit efficiency", "summit", RESNET50, 6144,
+              "efficiency", 0.87,
+              "Yin, Gahlot, Laanait, Maheshwari, Morrison, Dash & Shankar 2019, Strategies to Deploy and Scale "
+              "Deep Learning on the Summit Supercomputer, DLS workshop at SC19 (abstract: 87% scaling "
+              "efficiency on 1,024 nodes, 6,144 V100)", "held-out",
+              calibrated_by="goyal2017_throughput", baseline=6,
+              assumed="efficiency against one node; 64 images per GPU; fp32 peak (no tensor cores) at the "
+                      "fraction of peak calibrated on the P100 run"),
 ]
+POINTS: dict[str, Published] = {pt.key: pt for pt in PUBLISHED}
 
-# Two global assumptions, the same for every point (not fitted per point):
-DEFAULT_MFU = 0.5          # cuDNN / oneDNN convolutions reach about half of peak in ResNet-50 training
+# Global assumptions, the same for every point (not fitted):
 DEFAULT_JITTER_CV = 0.03   # 3% step-to-step variation per process (system noise, input pipeline)
 DEFAULT_BUCKET = 25 * MB   # PyTorch DDP's default bucket_cap_mb
 
@@ -254,21 +283,71 @@ def predict(workload: Workload, system: System, world_sizes, **kw) -> list[StepP
     return out
 
 
-# ----------------------------------------------------------------------------------------- validation
-def predicted_value(point: Published, **kw) -> float:
-    system = SYSTEMS[point.system]
-    p = predict(point.workload, system, [point.world_size], **kw)[0]
-    return {"throughput": p.throughput, "speedup": p.speedup, "efficiency": p.efficiency}[point.metric]
+# ----------------------------------------------------------------------------------------- calibration and checks
+def _throughput(workload: Workload, system: System, world_size: int, **kw) -> float:
+    return step(workload, system, world_size, **kw).throughput
+
+
+def predicted_value(point: Published, workload: Workload | None = None, system: System | None = None,
+                    **kw) -> float:
+    """The model's value of ``point``'s metric, with the point's own workload and system unless given."""
+    wl = workload or configured(point)[0]
+    sysm = system or SYSTEMS[point.system]
+    n = point.world_size
+    if point.metric == "throughput":
+        return _throughput(wl, sysm, n, **kw)
+    if point.metric == "efficiency":
+        b = point.baseline
+        return (_throughput(wl, sysm, n, **kw) / n) / (_throughput(wl, sysm, b, **kw) / b)
+    raise ValueError(f"unknown metric {point.metric!r}; use 'throughput' or 'efficiency'")
+
+
+def calibrate_mfu(point: Published, **kw) -> float:
+    """The fraction of peak (``mfu``) that makes the model reproduce ``point``'s throughput exactly.
+
+    This is what "calibration" means: the point is reproduced *by construction*, so it checks nothing.
+    Solved by bisection (throughput grows with ``mfu``).
+    """
+    if point.metric != "throughput":
+        raise ValueError(f"calibrate on a throughput, not on {point.metric!r} ({point.label})")
+    lo, hi = 1e-4, 1.0
+    if predicted_value(point, replace(point.workload, mfu=hi), **kw) < point.value:
+        raise ValueError(f"{point.label}: even 100% of peak is slower than published; check the hardware constants")
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if predicted_value(point, replace(point.workload, mfu=mid), **kw) < point.value:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def configured(point: Published, **kw) -> tuple[Workload, System]:
+    """``point``'s workload with its calibrated ``mfu`` (calibration points solve their own), and its system."""
+    if point.role == "calibration":
+        mfu = calibrate_mfu(point, **kw)
+    elif point.role == "held-out":
+        mfu = calibrate_mfu(POINTS[point.calibrated_by], **kw)
+    else:
+        raise ValueError(f"role must be 'calibration' or 'held-out', got {point.role!r}")
+    return replace(point.workload, mfu=mfu), SYSTEMS[point.system]
 
 
 def validate(points: list[Published] | None = None, tolerance: float = 0.15, **kw) -> list[dict]:
-    """Predicted against published for every point: a row per point with the relative error."""
+    """Predicted against published for every point: a row per point with its role and relative error.
+
+    Only held-out rows are checks (``counted``); calibration rows match by construction.
+    """
     rows = []
     for pt in points or PUBLISHED:
-        pred = predicted_value(pt, **kw)
+        wl, sysm = configured(pt, **kw)
+        pred = predicted_value(pt, wl, sysm, **kw)
         err = (pred - pt.value) / pt.value
-        rows.append(dict(label=pt.label, world_size=pt.world_size, metric=pt.metric, published=pt.value,
-                         predicted=pred, rel_error=err, within=abs(err) <= tolerance, source=pt.source))
+        held = pt.role == "held-out"
+        rows.append(dict(key=pt.key, label=pt.label, role=pt.role, counted=held, world_size=pt.world_size,
+                         metric=pt.metric, published=pt.value, predicted=pred, rel_error=err, mfu=wl.mfu,
+                         within=(abs(err) <= tolerance) if held else None, source=pt.source,
+                         assumed=pt.assumed))
     return rows
 
 
@@ -279,29 +358,102 @@ def _fmt(v: float, metric: str) -> str:
 
 
 def format_validation(rows: list[dict]) -> str:
-    head = f"{'published result':<34} {'N':>6} {'published':>12} {'predicted':>12} {'error':>7}  ok"
+    head = (f"{'published result':<40} {'role':<11} {'N':>5} {'published':>12} {'predicted':>12} "
+            f"{'error':>7}  mfu   check")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['label']:<34} {r['world_size']:>6} {_fmt(r['published'], r['metric']):>12} "
-                     f"{_fmt(r['predicted'], r['metric']):>12} {100 * r['rel_error']:>+6.1f}%  {r['within']}")
+        check = "within 15%: " + str(r["within"]) if r["counted"] else "(by construction)"
+        lines.append(f"{r['label']:<40} {r['role']:<11} {r['world_size']:>5} {_fmt(r['published'], r['metric']):>12} "
+                     f"{_fmt(r['predicted'], r['metric']):>12} {100 * r['rel_error']:>+6.1f}%  {r['mfu']:.2f}  {check}")
     return "\n".join(lines)
 
 
+def format_sources(rows: list[dict]) -> str:
+    """One line per point: its source, and what the model assumed that the source does not state."""
+    out = []
+    for r in rows:
+        out.append(f"- {r['label']}: {r['source']}" + (f". Assumed: {r['assumed']}." if r["assumed"] else ""))
+    return "\n".join(out)
+
+
 def plot_validation(rows: list[dict], ax=None):
-    """Predicted against published (log-log for throughputs, ratio for the rest), with the +-15% band."""
+    """Predicted / published per point, held-out points filled, calibration points hollow, with the +-15% band."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 4))
-    ratios = [r["predicted"] / r["published"] for r in rows]
-    y = range(len(rows))
+        _, ax = plt.subplots(figsize=(4.8, 2.8))
     ax.axvspan(0.85, 1.15, color="0.9", label="within 15%")
     ax.axvline(1.0, color="0.5", lw=1)
-    ax.scatter(ratios, list(y), color="C0", zorder=3)
-    ax.set_yticks(list(y), [r["label"] for r in rows], fontsize=8)
+    for i, r in enumerate(rows):
+        ratio = r["predicted"] / r["published"]
+        held = r["counted"]
+        ax.scatter([ratio], [i], zorder=3, color="C0", facecolors="C0" if held else "none",
+                   label=("held out (a check)" if held else "calibration (by construction)")
+                   if i == [j for j, q in enumerate(rows) if q["counted"] == held][0] else None)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
     ax.set_xlabel("predicted / published")
     ax.set_xlim(0.6, 1.4)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=7)
     ax.invert_yaxis()
+    return ax
+
+
+# the model's constants, and how to change one of them by a factor
+CONSTANTS = {
+    "fraction of peak (mfu)": lambda wl, sy, kw, f: (replace(wl, mfu=wl.mfu * f), sy, kw),
+    "step-time jitter (jitter_cv)": lambda wl, sy, kw, f: (wl, sy, {**kw, "jitter_cv": kw.get("jitter_cv", DEFAULT_JITTER_CV) * f}),
+    "network bandwidth (inter)": lambda wl, sy, kw, f: (wl, replace(sy, inter=replace(sy.inter, bandwidth=sy.inter.bandwidth * f)), kw),
+    "network latency (inter alpha)": lambda wl, sy, kw, f: (wl, replace(sy, inter=replace(sy.inter, alpha=sy.inter.alpha * f)), kw),
+    "in-node bandwidth (intra)": lambda wl, sy, kw, f: (wl, replace(sy, intra=replace(sy.intra, bandwidth=sy.intra.bandwidth * f)), kw),
+    "in-node latency (intra alpha)": lambda wl, sy, kw, f: (wl, replace(sy, intra=replace(sy.intra, alpha=sy.intra.alpha * f)), kw),
+    "bucket size": lambda wl, sy, kw, f: (wl, sy, {**kw, "bucket_bytes": kw.get("bucket_bytes", DEFAULT_BUCKET) * f}),
+}
+
+
+def sensitivity(point: Published, rel: float = 0.2, **kw) -> list[dict]:
+    """The prediction of ``point`` with each constant scaled by ``1 - rel`` and ``1 + rel``, one at a time.
+
+    The other constants stay as calibrated (the ``mfu`` is not re-fitted), so each row shows how much the
+    prediction rests on that one constant. Rows are sorted by the size of the swing.
+    """
+    wl, sy = configured(point, **kw)
+    base = predicted_value(point, wl, sy, **kw)
+    rows = []
+    for name, change in CONSTANTS.items():
+        vals = []
+        for f in (1 - rel, 1 + rel):
+            w2, s2, k2 = change(wl, sy, dict(kw), f)
+            vals.append(predicted_value(point, w2, s2, **k2))
+        rows.append(dict(constant=name, low=vals[0], high=vals[1], base=base,
+                         swing=(max(vals) - min(vals)) / base))
+    return sorted(rows, key=lambda r: -r["swing"])
+
+
+def format_sensitivity(rows: list[dict], metric: str = "efficiency", rel: float = 0.2) -> str:
+    head = f"{'constant':<32} {f'-{rel:.0%}':>12} {'as used':>12} {f'+{rel:.0%}':>12} {'swing':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['constant']:<32} {_fmt(r['low'], metric):>12} {_fmt(r['base'], metric):>12} "
+                     f"{_fmt(r['high'], metric):>12} {100 * r['swing']:>6.1f}%")
+    return "\n".join(lines)
+
+
+def plot_sensitivity(rows: list[dict], ax=None, title: str = ""):
+    """A tornado plot: the change of the prediction when each constant moves by -rel (left) and +rel (right)."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.2, 2.8))
+    y = range(len(rows))
+    lo = [100 * (r["low"] / r["base"] - 1) for r in rows]
+    hi = [100 * (r["high"] / r["base"] - 1) for r in rows]
+    ax.barh(list(y), lo, color="C3", label="constant -20%")
+    ax.barh(list(y), hi, color="C0", label="constant +20%")
+    ax.axvline(0, color="0.3", lw=0.8)
+    ax.set_yticks(list(y), [r["constant"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("change of the prediction (%)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     return ax
 
 
@@ -377,18 +529,22 @@ def local_workload(n_params: float, micro_batch: int, flops_per_sample: float = 
 
 
 def what_if(base: Published | None = None, **changes) -> dict:
-    """Re-predict a published configuration with changes, e.g. ``bytes_per_grad=2`` or ``inter=Link(...)``.
+    """Re-predict a published configuration (default: the Summit run) with changes.
 
-    Keys that belong to :class:`Workload` or :class:`System` change those; others go to :func:`step`
-    (``num_stages``, ``bucket_bytes``, ``overlap``, ``algo``, ``jitter_cv``, ``world_size``).
+    E.g. ``bytes_per_grad=2``, ``inter=Link(...)``, ``peak_flops=V100_TENSOR_FP16``. Keys that belong to
+    :class:`Workload` or :class:`System` change those; others go to :func:`step` (``num_stages``,
+    ``bucket_bytes``, ``overlap``, ``algo``, ``jitter_cv``, ``world_size``). The base's ``mfu`` is the
+    calibrated one. Efficiency is against one device of the changed system.
     """
-    base = base or PUBLISHED[2]
+    base = base or POINTS["yin2019_summit"]
+    wl0, sys0 = configured(base)
     wl_keys = {f for f in Workload.__dataclass_fields__}
     sys_keys = {f for f in System.__dataclass_fields__}
-    wl = replace(base.workload, **{k: v for k, v in changes.items() if k in wl_keys})
-    sysm = replace(SYSTEMS[base.system], **{k: v for k, v in changes.items() if k in sys_keys})
+    wl = replace(wl0, **{k: v for k, v in changes.items() if k in wl_keys})
+    sysm = replace(sys0, **{k: v for k, v in changes.items() if k in sys_keys})
     kw = {k: v for k, v in changes.items() if k not in wl_keys | sys_keys}
     n = kw.pop("world_size", base.world_size)
     p = predict(wl, sysm, [n], **kw)[0]
     return {"throughput": p.throughput, "efficiency": p.efficiency, "step_time": p.step_time,
-            "exposed_comm": p.exposed_comm, "comm_time": p.comm_time}
+            "exposed_comm": p.exposed_comm, "comm_time": p.comm_time, "compute_time": p.compute_time,
+            "global_batch": wl.micro_batch * (n // kw.get("num_stages", 1))}

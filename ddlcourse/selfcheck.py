@@ -105,13 +105,19 @@ def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5
     ``mistakes`` maps a hint ("you summed the gradients; divide by the number of ranks") to the output that
     mistake produces on the same inputs.
     """
-    if _close(answer, reference, rtol, atol) and np.shape(answer) == np.shape(reference):
+    def same(a, b) -> bool:
+        try:
+            return np.shape(a) == np.shape(b) and _close(a, b, rtol, atol)
+        except ValueError:          # ragged lists
+            return False
+
+    if same(answer, reference):
         return Verdict(True)
+    for hint, wrong in (mistakes or {}).items():   # a known mistake may change the shape (a dropped batch)
+        if same(answer, wrong):
+            return Verdict(False, hint)
     if np.shape(answer) != np.shape(reference):
         return Verdict(False, f"{what} has shape {np.shape(answer)}, expected {np.shape(reference)}")
-    for hint, wrong in (mistakes or {}).items():
-        if _close(answer, wrong, rtol, atol):
-            return Verdict(False, hint)
     try:
         err = float(np.max(np.abs(np.asarray(answer, dtype=float) - np.asarray(reference, dtype=float))))
         return Verdict(False, f"{what} differs from the reference by up to {err:.3g}")

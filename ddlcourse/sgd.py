@@ -55,9 +55,15 @@ def hessian(x) -> np.ndarray:
     return 2.0 * A.T @ A / len(x)
 
 
-def max_stable_lr(x) -> float:
-    """Full-batch gradient descent converges for ``lr < 2 / lambda_max`` and diverges above it."""
-    return 2.0 / float(np.linalg.eigvalsh(hessian(x)).max())
+def max_stable_lr(x, momentum: float = 0.0) -> float:
+    """Full-batch gradient descent converges for ``lr < 2 / lambda_max`` and diverges above it.
+
+    With heavy-ball momentum ``mu`` (PyTorch's ``SGD(momentum=mu)``: ``v = mu v + g``, ``theta -= lr v``) the
+    limit on a quadratic is ``lr < 2 (1 + mu) / lambda_max``: momentum *raises* it (Polyak 1964).
+    """
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    return 2.0 * (1.0 + momentum) / float(np.linalg.eigvalsh(hessian(x)).max())
 
 
 def iterations_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
@@ -67,11 +73,37 @@ def iterations_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> in
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
-def gradient_descent(x, y, theta0, lr: float, epochs: int, batch_size: int | None = None, seed: int = 0):
+def sgd_epoch(theta, x, y, lr: float, batch_size: int, order, momentum: float = 0.0, velocity=None):
+    """One epoch of mini-batch SGD over the samples in ``order``; returns the path, shape (iterations + 1, 2).
+
+    Batch ``k`` is ``order[k*B:(k+1)*B]``; the last, smaller batch is kept, so an epoch is ``ceil(n / B)``
+    iterations. Each step follows the gradient of the batch's *mean* loss. With ``momentum`` (heavy ball, as
+    PyTorch's SGD) pass a ``velocity`` array to carry it from one epoch to the next (it is updated in place).
+    """
+    B = int(batch_size)
+    if B < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.asarray(order)
+    theta = np.asarray(theta, float).copy()
+    v = np.zeros_like(theta) if velocity is None else velocity
+    path = [theta.copy()]
+    for start in range(0, len(order), B):
+        idx = order[start:start + B]                      # this iteration's batch
+        v[...] = momentum * v + grad(theta, x[idx], y[idx])
+        theta = theta - lr * v
+        path.append(theta.copy())
+        if not np.all(np.isfinite(theta)) or np.abs(theta).max() > 1e6:
+            break                                         # diverged: stop early
+    return np.array(path)
+
+
+def gradient_descent(x, y, theta0, lr: float, epochs: int, batch_size: int | None = None, seed: int = 0,
+                     momentum: float = 0.0):
     """Mini-batch SGD; returns the path, shape (iterations + 1, 2), starting at ``theta0``.
 
     ``batch_size=None`` (or ``>= n``) is full-batch gradient descent, ``1`` is "pure" stochastic gradient
-    descent, anything between is mini-batch SGD. Each epoch visits every point once in a new random order.
+    descent, anything between is mini-batch SGD. Each epoch visits every point once in a new random order
+    (:func:`sgd_epoch`). ``momentum`` adds heavy-ball momentum, as PyTorch's ``SGD(momentum=...)``.
     """
     n = len(y)
     B = n if batch_size is None else int(batch_size)
@@ -79,15 +111,15 @@ def gradient_descent(x, y, theta0, lr: float, epochs: int, batch_size: int | Non
         raise ValueError(f"batch_size must be >= 1 or None (full batch), got {batch_size}")
     g = np.random.default_rng(seed)
     theta = np.asarray(theta0, float).copy()
+    velocity = np.zeros_like(theta)
     path = [theta.copy()]
     for _ in range(epochs):
         order = g.permutation(n) if B < n else np.arange(n)
-        for start in range(0, n, B):
-            idx = order[start:start + B]                  # this iteration's batch
-            theta = theta - lr * grad(theta, x[idx], y[idx])
-            path.append(theta.copy())
-            if not np.all(np.isfinite(theta)) or np.abs(theta).max() > 1e6:
-                return np.array(path)                     # diverged: stop early
+        ep = sgd_epoch(theta, x, y, lr, B, order, momentum, velocity)
+        path.extend(ep[1:])
+        theta = ep[-1]
+        if not np.all(np.isfinite(theta)) or np.abs(theta).max() > 1e6:
+            break                                         # diverged: stop early
     return np.array(path)
 
 

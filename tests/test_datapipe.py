@@ -161,3 +161,21 @@ def test_convert_case_study_sample(case, tmp_path):
         np.testing.assert_array_equal(got, np.asarray(arrays[k]))
     r0, r1 = (ShardedArrayDataset(tmp_path, r, 2, equal=False) for r in (0, 1))
     assert len(r0) + len(r1) == 3 and r0.my_shards == [0] and r1.my_shards == [0, 1]
+
+
+def test_shard_ids_and_the_block_vs_permutation_trade_off(tmp_path):
+    from ddlcourse import sharding
+    datapipe.convert(datapipe.shapes_chunks(100, chunk=30, size=8, seed=0), tmp_path, samples_per_shard=16)
+    index = datapipe.read_index(tmp_path)                      # 7 shards: 6 x 16 + 4
+    assert datapipe.shard_ids(index, [0, 15, 16, 99]) == {0, 1, 6}
+    with pytest.raises(ShardError):
+        datapipe.shard_ids(index, [100])
+    blocks = [ShardedArrayDataset(tmp_path, r, 3) for r in range(3)]
+    # blocks: the same samples every epoch, the remainder (100 % 3 = 1) never read, few shards per rank
+    assert sum(len(b) for b in blocks) == 99
+    assert all(datapipe.shard_ids(index, range(b.start, b.stop)) == set(b.my_shards) for b in blocks)
+    # a shared permutation: everything read once per epoch, and each rank touches more shards
+    for epoch in (0, 1):
+        per_rank = [np.concatenate(sharding.sharded_batches(100, 16, r, 3, epoch)) for r in range(3)]
+        assert sorted(np.concatenate(per_rank).tolist()) == list(range(100))
+        assert all(len(datapipe.shard_ids(index, p)) > len(b.my_shards) for p, b in zip(per_rank, blocks))

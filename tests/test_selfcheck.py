@@ -15,6 +15,8 @@ def test_diagnose_names_the_mistake_and_the_shape():
     assert sc.diagnose([1.0, 2.0], np.array([1.0, 2.0])).ok
     v = sc.diagnose(3.0, 1.5, {"summed, not averaged": 3.0})
     assert not v.ok and v.message == "summed, not averaged"
+    v = sc.diagnose([1.0], [1.0, 2.0], {"the last, smaller batch is missing": [1.0]})
+    assert not v.ok and v.message == "the last, smaller batch is missing"
     v = sc.diagnose([1.0], [1.0, 2.0], what="the gradient")
     assert not v.ok and "the gradient has shape (1,), expected (2,)" in v.message
     v = sc.diagnose(1.7, 1.5)

@@ -70,3 +70,28 @@ def test_gradient_accumulation_equals_large_batch():
     N.accumulate_gradients(model, Xb, yb, micro_batch=16, loss_fn=loss)   # 6 x 16 + 4: uneven last micro-batch
     acc = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert torch.allclose(acc, big, atol=1e-12)
+
+
+def test_heavy_ball_momentum_raises_the_stability_limit():
+    x, y = sgd.make_line_data(64, seed=0)
+    lr1 = sgd.max_stable_lr(x)
+    assert sgd.max_stable_lr(x, momentum=0.9) == pytest.approx(1.9 * lr1)
+    start = sgd.optimum(x, y) + np.array([-2.5, 2.0])
+    l0 = sgd.loss(start, x, y)
+    run = lambda f, mu: sgd.loss(sgd.gradient_descent(x, y, start, f * lr1, epochs=300, momentum=mu)[-1], x, y)  # noqa: E731
+    assert run(1.5, 0.0) > l0                                    # plain GD diverges at 1.5x its limit
+    assert run(1.5, 0.9) < 1e-3 * l0 + sgd.loss(sgd.optimum(x, y), x, y)   # heavy ball converges there
+    assert run(1.05 * 1.9, 0.9) > l0                             # and diverges just above 2(1+mu)/lambda_max
+    with pytest.raises(ValueError):
+        sgd.max_stable_lr(x, momentum=1.0)
+
+
+def test_sgd_epoch_keeps_the_last_batch_and_follows_order():
+    x, y = sgd.make_line_data(10, seed=1)
+    order = np.arange(10)[::-1]
+    path = sgd.sgd_epoch([0.0, 0.0], x, y, 0.1, 4, order)
+    assert path.shape == (1 + 3, 2)                              # ceil(10 / 4) = 3 iterations
+    theta = np.zeros(2)
+    for b in ([9, 8, 7, 6], [5, 4, 3, 2], [1, 0]):
+        theta = theta - 0.1 * sgd.grad(theta, x[b], y[b])
+    assert np.allclose(path[-1], theta)

@@ -1,6 +1,6 @@
 """Exercises of notebooks/02_batch_size.ipynb."""
-from ddlcourse.schedules import scaled_lr
-from ddlcourse.selfcheck import exercise
+from ddlcourse.schedules import scaled_lr, warmup_factor
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
 @exercise("lr_linear_rule", "multiply the base lr by global_batch / base_batch (Goyal et al. 2017)")
@@ -14,3 +14,59 @@ def noise_scale_from_norms(b_small: int, b_big: int, g2_small: float, g2_big: fl
     G2 = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
     tr_sigma = (g2_small - g2_big) / (1 / b_small - 1 / b_big)
     return tr_sigma / G2
+
+
+# --------------------------------------------------------------------------- coding exercise: the schedule
+# (base_lr, base_batch, global_batch, warmup_steps): with and without warmup, growing and equal batches
+_SCHEDULE_CASES = [(0.1, 256, 8192, 10), (0.05, 32, 512, 4), (0.2, 64, 64, 3), (0.1, 128, 1024, 0)]
+
+
+def _schedule_ref(step, base_lr, base_batch, global_batch, warmup_steps):
+    return scaled_lr(base_lr, global_batch, base_batch, "linear") * warmup_factor(step, warmup_steps)
+
+
+def _from_zero(step, base_lr, base_batch, global_batch, warmup_steps):     # step / warmup: starts at lr 0
+    f = min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0
+    return scaled_lr(base_lr, global_batch, base_batch, "linear") * f
+
+
+def _no_warmup(step, base_lr, base_batch, global_batch, warmup_steps):
+    return scaled_lr(base_lr, global_batch, base_batch, "linear")
+
+
+def _sqrt_rule(step, base_lr, base_batch, global_batch, warmup_steps):
+    return scaled_lr(base_lr, global_batch, base_batch, "sqrt") * warmup_factor(step, warmup_steps)
+
+
+def _inverted(step, base_lr, base_batch, global_batch, warmup_steps):     # base_batch / global_batch
+    return base_lr * base_batch / global_batch * warmup_factor(step, warmup_steps)
+
+
+def _from_base_lr(step, base_lr, base_batch, global_batch, warmup_steps):  # Goyal et al.'s ramp from base_lr
+    target = scaled_lr(base_lr, global_batch, base_batch, "linear")
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target
+    return base_lr + (target - base_lr) * step / warmup_steps
+
+
+def _never_ends(step, base_lr, base_batch, global_batch, warmup_steps):   # the ramp is not capped at 1
+    f = (step + 1) / warmup_steps if warmup_steps > 0 else 1.0
+    return scaled_lr(base_lr, global_batch, base_batch, "linear") * f
+
+
+@code_exercise("linear_warmup_schedule")
+def check_linear_warmup_schedule(fn) -> Verdict:
+    """``fn(step, base_lr, base_batch, global_batch, warmup_steps)`` -> the lr of (0-based) ``step``."""
+    def table(f):
+        return [float(f(s, *c)) for c in _SCHEDULE_CASES for s in range(3 * max(c[3], 1) + 2)]
+    return diagnose(table(fn), table(_schedule_ref), {
+        "during warmup the factor is (step + 1) / warmup_steps: step 0 already trains, at lr / warmup_steps":
+            table(_from_zero),
+        "the warmup is missing: ramp up over the first warmup_steps steps": table(_no_warmup),
+        "that is the square-root rule: the linear rule multiplies by global_batch / base_batch": table(_sqrt_rule),
+        "the ratio is upside down: a larger global batch gets a LARGER lr (global_batch / base_batch)":
+            table(_inverted),
+        "you ramp from base_lr, as Goyal et al. do; this course's warmup_factor ramps from "
+        "target / warmup_steps (step 0) to the target": table(_from_base_lr),
+        "after warmup the factor stays at 1: cap (step + 1) / warmup_steps with min(1, ...)": table(_never_ends),
+    }, rtol=1e-9, atol=1e-12, what="the lr over the first steps")
