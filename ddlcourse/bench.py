@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
+from ddlcourse.device import synchronize
+
 
 @dataclass
 class StepTimes:
@@ -42,24 +44,31 @@ class StepTimes:
 
 
 def time_steps(step: Callable[[], object], n_steps: int = 10, warmup: int = 2,
-               samples_per_step: int = 0, sync: Callable[[], object] | None = None) -> StepTimes:
+               samples_per_step: int = 0, sync: Callable[[], object] | None = None,
+               device=None) -> StepTimes:
     """Time ``n_steps`` calls of ``step`` after ``warmup`` untimed calls.
 
-    ``sync`` is called before each clock read, so asynchronous work is counted (for example
-    ``torch.cuda.synchronize`` on a GPU, or an MPI barrier to time the slowest rank).
+    Before each clock read the queued work of ``device`` is waited for (``torch.cuda.synchronize`` on a
+    GPU, see :func:`ddlcourse.device.synchronize`), then ``sync`` is called (for example an MPI barrier, to
+    time the slowest rank), so asynchronous work is counted.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+
+    def settle():
+        if device is not None:
+            synchronize(device)
+        if sync:
+            sync()
+
     for _ in range(warmup):
         step()
-    if sync:
-        sync()
+    settle()
     times = []
     for _ in range(n_steps):
         t0 = time.perf_counter()
         step()
-        if sync:
-            sync()
+        settle()
         times.append(time.perf_counter() - t0)
     return StepTimes(times, samples_per_step)
 

@@ -7,6 +7,10 @@ every score, so their inputs are gathered.
 
 Each function takes an optional ``comm`` (an mpi4py communicator, e.g. ``ctx.comm``); without it the
 metric is computed on the local data only (serial use, and the unit tests' known answers).
+
+Instance segmentation (lab 1): :func:`iou_matrix` and :func:`match` score one image's instances, COCO style;
+:class:`InstanceStats` keeps every prediction's score and match, gathers them over the ranks and gives AP50,
+AP (IoU 0.50:0.95) and the mean IoU of matched instances of the whole data set.
 """
 from __future__ import annotations
 
@@ -129,6 +133,94 @@ def average_precision(scores, labels, comm=None) -> float:
     hits = y[order]
     precision_at_k = np.cumsum(hits) / np.arange(1, len(hits) + 1)
     return float(precision_at_k[hits].mean())
+
+
+# --------------------------------------------------------------------------- instance segmentation (lab 1)
+def iou_matrix(pred_ids: np.ndarray, gt_ids: np.ndarray) -> np.ndarray:
+    """IoU of every predicted instance (rows) with every true instance (columns) of one image.
+
+    Ids are 1..P and 1..G in (H, W) maps, 0 = background; an id missing from its map gets an all-zero row/column.
+    """
+    p, g = pred_ids.ravel().astype(np.int64), gt_ids.ravel().astype(np.int64)
+    P, G = int(p.max(initial=0)), int(g.max(initial=0))
+    inter = np.bincount(p * (G + 1) + g, minlength=(P + 1) * (G + 1)).reshape(P + 1, G + 1)[1:, 1:]
+    area_p = np.bincount(p, minlength=P + 1)[1:]
+    area_g = np.bincount(g, minlength=G + 1)[1:]
+    union = area_p[:, None] + area_g[None, :] - inter
+    return np.divide(inter, union, out=np.zeros(inter.shape), where=union > 0)
+
+
+def match(iou: np.ndarray, scores: np.ndarray, thr: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy matching as in COCO: predictions in decreasing score take the free true instance of highest IoU >= thr.
+
+    Returns ``(tp (P,) bool, matched_iou (P,))`` (0 where unmatched).
+    """
+    P, G = iou.shape
+    tp, miou = np.zeros(P, bool), np.zeros(P)
+    free = np.ones(G, bool)
+    for i in np.argsort(-np.asarray(scores), kind="mergesort"):
+        if G == 0:
+            break
+        cand = np.where(free, iou[i], -1.0)
+        j = int(cand.argmax())
+        if cand[j] >= thr:
+            tp[i], miou[i], free[j] = True, iou[i, j], False
+    return tp, miou
+
+
+def average_precision_from_matches(scores, tp, n_gt: int) -> float:
+    """Area under the precision-recall curve with the precision envelope (COCO / VOC 2010+ style, all points).
+
+    ``scores``, ``tp``: every prediction of the data set; ``n_gt``: the number of true instances.
+    """
+    if n_gt <= 0:
+        raise ValueError("AP needs at least one true instance")
+    scores, tp = np.asarray(scores, float), np.asarray(tp, bool)
+    order = np.argsort(-scores, kind="mergesort")
+    hits = tp[order]
+    tps, fps = np.cumsum(hits), np.cumsum(~hits)
+    recall = np.concatenate([[0.0], tps / n_gt])
+    precision = np.concatenate([[1.0], tps / np.maximum(tps + fps, 1)])
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]          # best precision at this recall or more
+    return float(np.sum((recall[1:] - recall[:-1]) * envelope[1:]))
+
+
+IOU_THRESHOLDS = np.round(np.arange(0.5, 0.96, 0.05), 2)
+
+
+class InstanceStats:
+    """Per-image match statistics, kept for the whole (sharded) evaluation set, then gathered over ranks."""
+
+    def __init__(self):
+        self.scores, self.tp, self.iou, self.n_gt = [], [], [], 0
+
+    def add(self, pred_ids: np.ndarray, scores: np.ndarray, gt_ids: np.ndarray) -> None:
+        iou = iou_matrix(pred_ids, gt_ids)
+        gt_present = np.bincount(gt_ids.ravel().astype(np.int64))[1:] > 0
+        iou = iou[:, gt_present]
+        self.n_gt += int(gt_present.sum())
+        self.scores.append(np.asarray(scores, float))
+        tps, ious = zip(*(match(iou, scores, t) for t in IOU_THRESHOLDS))
+        self.tp.append(np.stack(tps, 1))                                # (P, thresholds)
+        self.iou.append(ious[0])                                        # IoU of the match at 0.5
+
+    def result(self, comm=None) -> dict:
+        """AP50, AP (mean over IoU 0.50:0.95) and mean IoU of instances matched at 0.5, over all ranks."""
+        s = np.concatenate(self.scores) if self.scores else np.zeros(0)
+        tp = np.concatenate(self.tp) if self.tp else np.zeros((0, len(IOU_THRESHOLDS)), bool)
+        iou = np.concatenate(self.iou) if self.iou else np.zeros(0)
+        if comm is not None:                                            # every prediction of every rank
+            s = np.concatenate(comm.allgather(s))
+            tp = np.concatenate(comm.allgather(tp))
+            iou = np.concatenate(comm.allgather(iou))
+            n_gt = comm.allreduce(self.n_gt)
+        else:
+            n_gt = self.n_gt
+        aps = [average_precision_from_matches(s, tp[:, k], n_gt) for k in range(len(IOU_THRESHOLDS))]
+        m = tp[:, 0]
+        return {"ap50": aps[0], "ap": float(np.mean(aps)),
+                "miou_matched": float(iou[m].mean()) if m.any() else 0.0,
+                "recall50": float(m.sum() / n_gt), "n_gt": int(n_gt), "n_pred": int(len(s))}
 
 
 # --------------------------------------------------------------------------- regression-style reductions

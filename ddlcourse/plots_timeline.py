@@ -1,16 +1,51 @@
-"""Plots for notebooks 09-13: per-rank timelines, the pipeline bubble, memory bars, accuracy curves."""
+"""Plots for notebooks 09-13 and the labs: per-rank timelines, the pipeline bubble, memory bars, accuracy curves."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452"}
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "H": "#C44E52"}
+KIND_NAMES = {"F": "forward", "B": "backward", "H": "head"}
+_KEYS = ("rank", "kind", "micro_batch", "start", "stop")
 
 
-def plot_timeline(events: list[dict], ax=None, title: str = "", label_micro_batches: bool = True):
-    """One row per rank; forward (blue) and backward (orange) boxes, labelled with the micro-batch number."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.45 * (1 + len({e["rank"] for e in events}))))
+def as_event(e) -> dict:
+    """One timeline event as a dict ``{rank, kind, micro_batch, start, stop}`` (times in seconds).
+
+    Accepts the dicts of :class:`ddlcourse.parallel.model_parallel.Timeline` and the tuples
+    ``(rank, kind, micro_batch, start, stop)`` of the labs.
+    """
+    if isinstance(e, dict):
+        return {k: e[k] for k in _KEYS}
+    if len(e) != 5:
+        raise ValueError(f"a timeline event is (rank, kind, micro_batch, start, stop), got {e!r}")
+    return dict(zip(_KEYS, e))
+
+
+def relative_events(events, t0: float) -> list[dict]:
+    """Events as dicts with their times counted from ``t0`` (e.g. the start of the step)."""
+    out = []
+    for e in map(as_event, events):
+        out.append({**e, "start": e["start"] - t0, "stop": e["stop"] - t0})
+    return out
+
+
+def gather_events(events, comm) -> list[dict]:
+    """Every rank's events on every rank (mpi4py ``allgather`` over ``comm``), as dicts, sorted by rank and time."""
+    mine = [as_event(e) for e in events]
+    parts = comm.allgather(mine) if comm is not None else [mine]
+    return sorted((e for part in parts for e in part), key=lambda e: (e["rank"], e["start"]))
+
+
+def plot_timeline(events, ax=None, title: str = "", label_micro_batches: bool = True):
+    """One row per rank; a box per event, coloured by kind (F forward, B backward, H head), in ms.
+
+    ``events``: dicts ``{rank, kind, micro_batch, start, stop}`` or tuples in that order (seconds).
+    Boxes are labelled with the micro-batch number; the legend lists the kinds present.
+    """
+    events = [as_event(e) for e in events]
     ranks = sorted({e["rank"] for e in events})
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.45 * (1 + len(ranks))))
     for e in events:
         y = e["rank"]
         w = e["stop"] - e["start"]
@@ -22,8 +57,9 @@ def plot_timeline(events: list[dict], ax=None, title: str = "", label_micro_batc
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(title, fontsize=10)
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()], labels=["forward", "backward"],
-              loc="lower right", fontsize=7)
+    kinds = [k for k in COLORS if any(e["kind"] == k for e in events)] or list(KIND_NAMES)[:2]
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds],
+              labels=[KIND_NAMES[k] for k in kinds], loc="lower right", fontsize=7)
     return ax
 
 

@@ -22,6 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 
 MODELS = ("mlp", "smallcnn", "resnet")
+
+
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` after the device has finished its queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 BACKENDS = ("ddp", "horovod", "allreduce", "none")
 
 
@@ -41,12 +48,28 @@ class _Block(nn.Module):
         return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
 
 
-class TinyResNet(nn.Module):
-    """A ResNet-18-shaped network (4 stages of 2 blocks) whose width is a parameter."""
+STEMS = ("imagenet", "cifar")
 
-    def __init__(self, in_ch: int = 3, n_classes: int = 10, width: int = 16):
+
+class TinyResNet(nn.Module):
+    """A ResNet-18-shaped network (4 stages of 2 blocks) whose width is a parameter.
+
+    ``stem="imagenet"`` is ResNet-18's own stem (He et al. 2016): a 7x7 convolution with stride 2 and a 3x3
+    max-pool with stride 2, so the blocks see a quarter of the image's side (224 -> 56); at ``width=64`` the
+    network is ResNet-18. ``stem="cifar"`` is the stride-1 3x3 stem used for small (32x32) images; on a large
+    image it keeps every block at full resolution and its activations grow 16-fold.
+    """
+
+    def __init__(self, in_ch: int = 3, n_classes: int = 10, width: int = 16, stem: str = "imagenet"):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_ch, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        if stem == "imagenet":
+            self.stem = nn.Sequential(nn.Conv2d(in_ch, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
+                                      nn.ReLU(), nn.MaxPool2d(3, 2, 1))   # (batch, width, H/4, W/4)
+        elif stem == "cifar":
+            self.stem = nn.Sequential(nn.Conv2d(in_ch, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                                      nn.ReLU())                          # (batch, width, H, W)
+        else:
+            raise ValueError(f"unknown stem {stem!r}; choose one of {', '.join(STEMS)}")
         blocks, ci = [], width
         for i, co in enumerate([width, 2 * width, 4 * width, 8 * width]):
             blocks += [_Block(ci, co, 1 if i == 0 else 2), _Block(co, co, 1)]
@@ -58,7 +81,15 @@ class TinyResNet(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
+IMAGENET_STEM_FROM = 64     # images of at least this side get ResNet's strided ImageNet stem
+
+
 def build_model(name: str, image_size: int, width: int = 16, n_classes: int = 10) -> nn.Module:
+    """``mlp``, ``smallcnn`` or ``resnet`` for square RGB images of side ``image_size``.
+
+    ``resnet`` takes the ImageNet stem (stride 4 before the blocks) for images of side >= 64, the CIFAR stem
+    (stride 1) for smaller ones, as the ResNet paper does for its ImageNet and CIFAR-10 networks.
+    """
     from ddlcourse.models.small import MLP, SmallCNN
 
     if name == "mlp":
@@ -66,7 +97,7 @@ def build_model(name: str, image_size: int, width: int = 16, n_classes: int = 10
     if name == "smallcnn":
         return SmallCNN(in_ch=3, n_classes=n_classes, width=width)
     if name == "resnet":
-        return TinyResNet(3, n_classes, width)
+        return TinyResNet(3, n_classes, width, stem="imagenet" if image_size >= IMAGENET_STEM_FROM else "cifar")
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
 
 
@@ -105,7 +136,7 @@ def run(model: str = "smallcnn", batch_size: int = 32, image_size: int = 32, wid
     if backend != "none" and world > 1:
         net, opt = wrap(net, opt, backend=backend, group=group,
                         compression="fp16" if fp16_allreduce else "none")
-    g = torch.Generator().manual_seed(dist.seed_for_rank(7, info.rank))
+    g = torch.Generator().manual_seed(dist.seed_for_rank(7, info.rank))   # drawn on the CPU: the same on any device
     data = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(info.device)
     target = torch.randint(0, n_classes, (batch_size,), generator=g).to(info.device)
 
@@ -115,17 +146,14 @@ def run(model: str = "smallcnn", batch_size: int = 32, image_size: int = 32, wid
         loss.backward()
         opt.step()
 
-    sync = torch.cuda.synchronize if info.device.type == "cuda" else (lambda: None)
     for _ in range(num_warmup_batches):
         benchmark_step()
     rates = []
     for _ in range(num_iters):
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock(info.device)
         for _ in range(batches_per_iter):
             benchmark_step()
-        sync()
-        rates.append(batch_size * batches_per_iter / (time.perf_counter() - t0))
+        rates.append(batch_size * batches_per_iter / (clock(info.device) - t0))
     mean, ci = float(np.mean(rates)), float(1.96 * np.std(rates))
     return dict(rank=info.rank, world_size=world, model=model, backend=backend, batch_size=batch_size,
                 img_sec_rank=mean, img_sec_rank_ci=ci, img_sec_total=mean * world,
@@ -208,29 +236,30 @@ def step_breakdown(n_ranks: int, batch_size: int = 16, image_size: int = 32, wid
     from ddlcourse import dist
     from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
 
-    dist.init(horovod=False)
+    info = dist.init(horovod=False)
     comm, group = dist.subgroup(n_ranks)
     if comm is None:
         return None
+    dev = info.device
     torch.manual_seed(42)
-    net = build_model(model, image_size, width)
+    net = build_model(model, image_size, width).to(dev)
     broadcast_parameters(net, group=group)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    g = torch.Generator().manual_seed(dist.seed_for_rank(7, dist.rank()))
-    x = torch.randn(batch_size, 3, image_size, image_size, generator=g)
-    t = torch.randint(0, 10, (batch_size,), generator=g)
+    g = torch.Generator().manual_seed(dist.seed_for_rank(7, info.rank))
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(dev)   # (batch, 3, H, W)
+    t = torch.randint(0, 10, (batch_size,), generator=g).to(dev)
     parts = np.zeros(3)
     for i in range(steps + 1):
-        t0 = time.perf_counter()
+        t0 = clock(dev)
         opt.zero_grad()
         F.cross_entropy(net(x), t).backward()
-        t1 = time.perf_counter()
+        t1 = clock(dev)                                # backward has finished on the device, not just been queued
         comm.Barrier()                                 # the wait for the slowest rank is idle time
-        t2 = time.perf_counter()
+        t2 = clock(dev)
         average_gradients(net, group)
-        t3 = time.perf_counter()
+        t3 = clock(dev)
         opt.step()
-        t4 = time.perf_counter()
+        t4 = clock(dev)
         if i:                                          # the first step warms up
             parts += [(t1 - t0) + (t4 - t3), t2 - t1, t3 - t2]
     parts /= steps

@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from ddlcourse.data import driving as d
 
@@ -87,6 +88,56 @@ def test_generation_is_deterministic_and_shards_cover_everything(tmp_path, monke
         d.generate(46, frames=1, size=16)
 
 
+def test_load_clips_reads_only_the_chunks_of_its_block(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path))
+    kw = dict(frames=4, size=16)
+    whole = d.generate(92, seed=5, use_cache=False, **kw)                   # 4 chunks of 23
+    part = d.load_clips(92, 30, 50, seed=5, **kw)                           # clips 30..49: chunks 1 and 2 only
+    assert np.array_equal(part["video"], whole["video"][30:50]) and np.array_equal(part["label"], whole["label"][30:50])
+    made = sorted(f.name for f in tmp_path.rglob("chunk-*.npz"))
+    assert made == ["chunk-00001.npz", "chunk-00002.npz"]
+    assert list(d.chunks_of(30, 50)) == [1, 2] and list(d.chunks_of(23, 46)) == [1] and not d.chunks_of(7, 7)
+    empty = d.load_clips(92, 10, 10, seed=5, **kw)
+    assert empty["video"].shape == (0, 3, 4, 16, 16) and len(empty["label"]) == 0
+    with pytest.raises(ValueError, match="outside the data set"):
+        d.load_clips(92, 80, 100, **kw)
+
+
+@pytest.mark.parametrize("n_clips, global_batch", [(46, 8), (920, 16), (23000, 256)])
+def test_each_replica_holds_only_its_share_and_batches_do_not_depend_on_ranks(n_clips, global_batch):
+    from ddlcourse.cases import driving
+    steps = n_clips // global_batch
+    for epoch in (0, 1):
+        batches = driving.epoch_batches(n_clips, global_batch, epoch, seed=3)
+        assert batches.shape == (steps, global_batch)
+        assert len(np.unique(batches)) == batches.size                    # no clip twice in one epoch
+        for dp in (1, 2, 4, 8):
+            blocks = [driving.replica_clips(n_clips, global_batch, dp, r) for r in range(dp)]
+            # the replicas' blocks are disjoint, cover the whole training set, and are a 1/dp share each
+            assert blocks[0][0] == 0 and blocks[-1][1] == n_clips
+            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+            assert max(hi - lo for lo, hi in blocks) - min(hi - lo for lo, hi in blocks) <= global_batch // dp
+            assert all(abs((hi - lo) - n_clips / dp) <= 1 + global_batch // dp for lo, hi in blocks)
+            # every clip a replica trains on lies in its block; together they make exactly the global batch
+            shares = []
+            for r, (lo, hi) in enumerate(blocks):
+                mine = batches[:, driving.replica_slots(global_batch, dp, r)]
+                assert mine.shape == (steps, global_batch // dp) and np.all((lo <= mine) & (mine < hi))
+                shares.append(mine)
+            assert np.array_equal(np.concatenate(shares, 1), batches)
+    assert not np.array_equal(driving.epoch_batches(n_clips, global_batch, 0), driving.epoch_batches(n_clips, global_batch, 1))
+    with pytest.raises(ValueError, match="less than one global batch"):
+        driving.epoch_batches(7, 8, 0)
+
+
+def test_class_weights_from_counts():
+    from ddlcourse.cases import driving
+    w = driving.class_weights(np.array([18, 4, 1]))
+    assert w.tolist() == pytest.approx([23 / 54, 23 / 12, 23 / 3])
+    assert float((w * torch.tensor([18.0, 4.0, 1.0])).sum()) == pytest.approx(23)   # mean weight 1 per sample
+    assert driving.class_weights(np.array([5, 0, 5])).tolist() == pytest.approx([1.0 * 10 / 15, 0.0, 10 / 15])
+
+
 DIST = r"""
 import json, numpy as np
 from ddlcourse import dist
@@ -94,16 +145,24 @@ from ddlcourse.cases import driving
 out = {}
 for name, kw in {"serial": dict(ranks=1), "dp2of4": dict(ranks=2), "dp4": dict(), "mp4": dict(mp=4, micro_batches=2),
                  "mesh2x2": dict(mp=2, micro_batches=2), "horovod": dict(backend="horovod")}.items():
-    cfg = driving.from_scale("smoke", resume=False, run_name="t-" + name, epochs=1, **kw)
+    cfg = driving.make_config("smoke", fresh=True, run_name="t-" + name, epochs=1, **kw)
     r = driving.train(cfg)
     if dist.rank() == 0:
         out[name] = r["history"]
+        out[name + "_clips"] = r["train_clips"]
+        out[name + "_counts"] = r["class_counts"]
 # resume: 2 epochs in one go == 1 epoch, then resume for the 2nd
-a = driving.train(driving.from_scale("smoke", resume=False, run_name="t-full", epochs=2))
-driving.train(driving.from_scale("smoke", resume=False, run_name="t-half", epochs=1))
-b = driving.train(driving.from_scale("smoke", resume=True, run_name="t-half", epochs=2))
+a = driving.train(driving.make_config("smoke", fresh=True, run_name="t-full", epochs=2))
+driving.train(driving.make_config("smoke", fresh=True, run_name="t-half", epochs=1))
+b = driving.train(driving.make_config("smoke", fresh=False, run_name="t-half", epochs=2))
+# the same with the model split over 2 ranks per replica: every part is saved and restored
+mesh = dict(mp=2, micro_batches=2)
+c = driving.train(driving.make_config("smoke", fresh=True, run_name="t-mfull", epochs=2, **mesh))
+driving.train(driving.make_config("smoke", fresh=True, run_name="t-mhalf", epochs=1, **mesh))
+d = driving.train(driving.make_config("smoke", fresh=False, run_name="t-mhalf", epochs=2, **mesh))
 if dist.rank() == 0:
     out["full"], out["resumed"] = a["history"], b["history"]
+    out["mfull"], out["mresumed"] = c["history"], d["history"]
     print(json.dumps(out))
 """
 
@@ -119,13 +178,103 @@ def test_four_ranks_any_mesh_match_serial_and_resume_is_exact(mpi, tmp_path):
     for k in ("dp2of4", "dp4", "mp4", "mesh2x2", "horovod"):
         assert np.abs(np.array(out[k]) - ref).max() < 1e-4, (k, out[k], ref.tolist())
     assert np.abs(np.array(out["full"]) - np.array(out["resumed"])).max() < 1e-5
+    assert len(out["mresumed"]) == 10 and np.abs(np.array(out["mfull"]) - np.array(out["mresumed"])).max() < 1e-5
     assert out["full"][:5] == pytest.approx(out["serial"], abs=1e-4)
+    # each rank held only its replica's share of the 46 training clips: 4 replicas -> 4 disjoint quarters that
+    # together are the whole set; the model-parallel ranks of one replica hold the same clips
+    n = 46
+    assert out["serial_clips"] == [[0, n]]
+    for k in ("dp4", "horovod"):
+        blocks = out[k + "_clips"]
+        assert len(blocks) == 4 and blocks[0][0] == 0 and blocks[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))             # disjoint, nothing missing
+        assert all(abs((hi - lo) - n / 4) <= 2 for lo, hi in blocks)            # a quarter each
+    assert out["dp2of4_clips"] == [[0, 24], [24, n]]
+    assert out["mesh2x2_clips"] == [[0, 24], [0, 24], [24, n], [24, n]]
+    assert out["mp4_clips"] == [[0, n]] * 4
+    # the class counts (and so the loss weights) are those of the whole set, whatever each rank holds
+    assert all(out[k + "_counts"] == [36, 8, 2] for k in ("serial", "dp4", "mp4", "mesh2x2"))
 
 
 def test_cli_bad_input_is_a_clear_error():
-    p = subprocess.run([sys.executable, "-m", "ddlcourse", "run", "driving", "--scale", "smoke", "--mp", "3"],
+    p = subprocess.run([sys.executable, "-m", "ddlcourse", "run", "driving", "--scale", "smoke", "mp=3"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "mp=3 must divide the number of ranks 1" in p.stderr
     p = subprocess.run([sys.executable, "-m", "ddlcourse", "run", "driving", "--scale", "huge"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "unknown scale 'huge'" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "ddlcourse", "run", "driving", "--scale", "smoke", "epochs=-3"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "epochs=-3" in p.stderr
+
+
+def test_config_refuses_what_cannot_work():
+    from ddlcourse.cases import driving
+    from ddlcourse.training import ConfigError
+    with pytest.raises(ConfigError, match="uses torch.distributed point-to-point"):
+        driving.make_config("smoke", mp=2, backend="horovod")
+    with pytest.raises(ConfigError, match="does not split into 3 micro-batches"):
+        driving.make_config("smoke", micro_batches=3)
+    with pytest.raises(ConfigError, match="unknown driving setting"):
+        driving.make_config("smoke", colour="red")
+    with pytest.raises(ConfigError, match="must split into 4 replicas x 4 micro-batches"):
+        driving.check_mesh(driving.make_config("smoke", micro_batches=4), dp=4)
+
+
+# --------------------------------------------------------------------------- the device
+def _spy_on_the_device(monkeypatch, model_cls):
+    """Record what goes through ``ctx.to``, and check every forward of ``model_cls`` against it.
+
+    On this CPU machine ``ctx.to`` moves nothing, so a case that forgets it would still run here and crash (or
+    train on the CPU) on a GPU node. Instead: every tensor ``ctx.to`` returns is remembered (weakly, by its
+    storage), and a forward pre-hook notes, for each call of the model, whether its input is one of them (or a
+    view of one). Returns ``(moved_modules, checks)``; ``checks`` holds one bool per forward.
+    """
+    import weakref
+
+    from ddlcourse import training
+    moved, moved_modules, checks = {}, [], []
+    original = training.RunContext.to
+
+    def to(self, obj, non_blocking=False):
+        out = original(self, obj, non_blocking)
+        stack = [out]
+        while stack:
+            o = stack.pop()
+            if torch.is_tensor(o):
+                moved[o.untyped_storage().data_ptr()] = weakref.ref(o)
+            elif isinstance(o, torch.nn.Module):
+                moved_modules.append(type(o).__name__)
+            elif isinstance(o, (list, tuple)):
+                stack.extend(o)
+        return out
+
+    def pre_hook(module, args):
+        if isinstance(module, model_cls):
+            for a in args:
+                if torch.is_tensor(a) and a.device.type != "meta":     # meta: memory estimates, no data
+                    ref = moved.get(a.untyped_storage().data_ptr())
+                    checks.append(ref is not None and ref() is not None
+                                  and all(p.device == a.device for p in module.parameters()))
+
+    monkeypatch.setattr(training.RunContext, "to", to)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    return moved_modules, checks, handle
+
+
+def test_model_and_every_batch_go_through_ctx_to(tmp_path, monkeypatch):
+    from ddlcourse.cases import driving
+    from ddlcourse.models.driving import MultiViewNet
+    monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path / "results"))
+    cfg = driving.make_config("smoke", n_clips=23, n_val=23, frames=4, size=16, width=2, feat=4, hidden=8, epochs=1,
+                              global_batch=8, micro_batches=2, measure_memory=True, ranks=1, fresh=True)
+    moved_modules, checks, handle = _spy_on_the_device(monkeypatch, MultiViewNet)
+    try:
+        r = driving.train(cfg)
+    finally:
+        handle.remove()
+    assert "MultiViewNet" in moved_modules and "Tensor" not in moved_modules
+    # 2 steps x 2 micro-batches, 1 memory pass, 1 validation batch: every one on the device, through ctx.to
+    assert len(checks) == 6 and all(checks), checks
+    assert r["device"] == "cpu" and r["train_clips"] == [[0, 23]]

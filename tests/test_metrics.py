@@ -80,3 +80,52 @@ if r == 0: print(all(res))
 @pytest.mark.mpi
 def test_metrics_reduced_over_uneven_shards_equal_whole_set(mpi):
     assert mpi(3, CODE).stdout.strip() == "True"
+
+
+# --------------------------------------------------------------------------- instance segmentation (lab 1): known answers
+def test_iou_matrix_and_greedy_match():
+    gt = np.array([[1, 1, 0, 2, 2]])
+    pred = np.array([[1, 1, 1, 2, 0]])
+    iou = metrics.iou_matrix(pred, gt)
+    assert np.allclose(iou, [[2 / 3, 0], [0, 0.5]])
+    tp, m = metrics.match(iou, np.array([0.9, 0.8]), 0.5)
+    assert tp.tolist() == [True, True] and np.allclose(m, [2 / 3, 0.5])
+    tp, _ = metrics.match(iou, np.array([0.9, 0.8]), 0.6)
+    assert tp.tolist() == [True, False]
+    # two predictions on one true instance: the higher score wins, the other is a false positive
+    tp, _ = metrics.match(np.array([[0.7], [0.9]]), np.array([0.2, 0.8]), 0.5)
+    assert tp.tolist() == [False, True]
+
+
+def test_average_precision_known_answers():
+    ap = metrics.average_precision_from_matches
+    assert ap([0.9, 0.8], [True, True], 2) == pytest.approx(1.0)
+    assert ap([0.9, 0.8, 0.7], [True, False, True], 2) == pytest.approx(0.5 + 0.5 * 2 / 3)
+    assert ap([0.9, 0.8, 0.7], [True, False, True], 4) == pytest.approx(0.25 + 0.25 * 2 / 3)
+    assert ap([0.9, 0.8], [False, True], 1) == pytest.approx(0.5)
+    assert ap([], [], 3) == 0.0
+    with pytest.raises(ValueError):
+        ap([0.5], [True], 0)
+
+
+def test_instance_stats_over_two_ranks_equal_serial(mpi):
+    code = """
+import numpy as np
+from mpi4py import MPI
+from ddlcourse import metrics
+rng = np.random.default_rng(0)
+imgs = []
+for i in range(6):                     # random true and predicted id maps with random scores
+    gt = rng.integers(0, 4, (8, 8)); pred = np.where(rng.random((8, 8)) < 0.8, gt, rng.integers(0, 5, (8, 8)))
+    imgs.append((pred, rng.random(int(pred.max())), gt))
+comm = MPI.COMM_WORLD
+serial = metrics.InstanceStats(); local = metrics.InstanceStats()
+for i, (p, s, g) in enumerate(imgs):
+    serial.add(p, s, g)
+    if i % comm.size == comm.rank: local.add(p, s, g)
+a, b = serial.result(), local.result(comm)
+assert abs(a["ap50"] - b["ap50"]) < 1e-12 and abs(a["ap"] - b["ap"]) < 1e-12, (a, b)
+assert abs(a["miou_matched"] - b["miou_matched"]) < 1e-12 and a["n_gt"] == b["n_gt"]
+if comm.rank == 0: print("OK", a["ap50"])
+"""
+    assert "OK" in mpi(2, code).stdout

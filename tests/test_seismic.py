@@ -134,19 +134,19 @@ def test_activation_memory_meta_equals_real_and_grows_with_voxels():
 # --------------------------------------------------------------------------- the case: options and CLI
 def test_cli_bad_input_exits_2(capsys):
     from ddlcourse.cases import seismic
-    assert seismic.cli(["--model", "4d"], scale="smoke") == 2
+    assert seismic.cli(["model=4d"], scale="smoke") == 2
     assert "unknown model" in capsys.readouterr().err
-    assert seismic.cli(["--spatial", "3", "--ranks", "2"], scale="smoke") == 2
-    assert seismic.cli(["--cube", "64", "16", "16"], scale="smoke") == 2      # past the memory budget
+    assert seismic.cli(["spatial=3", "ranks=2"], scale="smoke") == 2
+    assert seismic.cli(["cube=64,16,16"], scale="smoke") == 2      # past the memory budget
     assert "budget" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown seismic option"):
-        seismic.make_cfg("smoke", colour="red")
+    with pytest.raises(ValueError, match="unknown seismic setting"):
+        seismic.make_config("smoke", colour="red")
 
 
 def test_spatial_split_needs_less_memory_per_rank():
     from ddlcourse.cases import seismic
-    cfg = seismic.make_cfg("smoke")
-    big = seismic.make_cfg("smoke", cube=cfg.spatial_cube)
+    cfg = seismic.make_config("smoke")
+    big = seismic.make_config("smoke", cube=cfg.spatial_cube)
     one = seismic.predicted_activation_mb(big, spatial=1)
     two = seismic.predicted_activation_mb(big, spatial=2)
     assert one > cfg.memory_budget_mb >= two
@@ -159,10 +159,10 @@ from mpi4py import MPI
 from ddlcourse.cases import seismic
 from ddlcourse import training
 small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_volumes=4, cubes_per_volume=2,
-             n_test=2, global_batch=4, width=2, levels=2, epochs=2, lr=1e-2, memory_budget_mb=0, resume=False)
+             n_test=2, global_batch=4, width=2, levels=2, epochs=2, lr=1e-2, memory_budget_mb=0, fresh=True)
 out = {}
 def run(name, **kw):
-    r = seismic.train(seismic.make_cfg("smoke", **{**small, **kw, "run_name": name}))
+    r = seismic.train(seismic.make_config("smoke", **{**small, **kw, "run_name": name}))
     if MPI.COMM_WORLD.rank == 0:
         out[name] = r["history"], r["scores"]["pixel_acc"], r["activation_mb"], r["predicted_activation_mb"]
 run("one", ranks=1)
@@ -171,15 +171,15 @@ run("spatial", ranks=2, spatial=2)
 run("one2d", ranks=1, model="2d")
 run("two2d", ranks=2, model="2d")
 run("half", ranks=1, epochs=1)
-run("half", ranks=1, epochs=2, resume=True)                  # the second epoch from the checkpoint
+run("half", ranks=1, epochs=2, fresh=False)                  # the second epoch from the checkpoint
 # a corrupt checkpoint: a clear error, exit code 2
 if MPI.COMM_WORLD.rank == 0:
-    d = training.results_dir("seismic") / "ckpt" / "bad"
+    d = training.results_dir("seismic") / "ckpt" / "bad" / "3d"
     d.mkdir(parents=True, exist_ok=True)
     (d / "epoch-0001.pt").write_bytes(b"not a checkpoint")
 MPI.COMM_WORLD.Barrier()
 import warnings; warnings.simplefilter("ignore")
-rc = seismic.cli(["--run-name", "bad", "--epochs", "2", "--memory-budget-mb", "0"], scale="smoke")
+rc = seismic.cli(["run_name=bad", "epochs=2", "memory_budget_mb=0"], scale="smoke")
 if MPI.COMM_WORLD.rank == 0:
     out["rc_bad_ckpt"] = rc
     print("RESULT" + json.dumps(out))
@@ -200,7 +200,9 @@ def train_runs(tmp_path_factory):
     finally:
         os.environ.clear()
         os.environ.update(old)
-    return json.loads(p.stdout.split("RESULT")[1].strip().splitlines()[0])
+    out = json.loads(p.stdout.split("RESULT")[1].strip().splitlines()[0])
+    out["stderr"] = p.stderr
+    return out
 
 
 def test_two_ranks_match_one(train_runs):
@@ -225,3 +227,25 @@ def test_resume_continues_exactly(train_runs):
 
 def test_corrupt_checkpoint_is_a_clear_error(train_runs):
     assert train_runs["rc_bad_ckpt"] == 2
+    err = train_runs["stderr"]
+    assert "epoch-0001.pt" in err and "--fresh" in err and "weights_only" not in err
+
+
+def test_model_and_every_cube_go_through_ctx_to(tmp_path, monkeypatch):
+    """Every training forward of the U-Net sees a cube that went through ``ctx.to`` (see test_driving's spy)."""
+    from test_driving import _spy_on_the_device
+
+    from ddlcourse.cases import seismic
+    monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path / "results"))
+    small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_volumes=2, cubes_per_volume=2,
+                 n_test=1, global_batch=4, width=2, levels=2, epochs=1, memory_budget_mb=0, ranks=1, fresh=True)
+    for model in ("3d", "2d"):
+        moved_modules, checks, handle = _spy_on_the_device(monkeypatch, models.UNet)
+        try:
+            r = seismic.train(seismic.make_config("smoke", model=model, run_name="dev-" + model, **small))
+        finally:
+            handle.remove()
+        assert "UNet" in moved_modules and r["device"] == "cpu"
+        # 1 step of 4 cubes through ctx.to, then the test volume (moved to the model's device by predict_volume)
+        assert len(checks) == 5 and all(checks[:4]), (model, checks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,10 +48,13 @@ def test_template_syntax(name):
 
 def test_lab_template_dry_run_cpu():
     env = _clean_env(DDLCOURSE_DRY_RUN="1", SLURM_CPUS_PER_TASK="4")
+    env.pop("DDLCOURSE_SRUN_MPI", None)
     p = _bash(str(SLURM_DIR / "lab.sbatch"), "maize", "--scale", "smoke", "--backend", "horovod", env=env)
     assert p.returncode == 0, p.stderr
     cmd = p.stdout.split()
+    # no DDLCOURSE_SRUN_MPI: detected from the MPI mpi4py was built with (the venv's MPICH wheel -> pmi2)
     assert cmd[:2] == ["srun", "--mpi=pmi2"] and "--cpus-per-task=4" in cmd
+    assert "srun --mpi=pmi2: MPICH" in p.stderr
     assert cmd[cmd.index("-m"):] == ["-m", "ddlcourse", "run", "maize", "--scale", "smoke", "--backend", "horovod"]
     assert "--gpu-bind=none" not in cmd  # no GPU option on CPU nodes
 
@@ -61,6 +65,24 @@ def test_lab_template_dry_run_gpu():
     assert p.returncode == 0, p.stderr
     cmd = p.stdout.split()
     assert "--mpi=pmix" in cmd and "--gpu-bind=none" in cmd and "--cpus-per-task=1" in cmd
+
+
+def test_every_template_takes_the_pmi_plugin_from_one_variable():
+    """DDLCOURSE_SRUN_MPI overrides; unset, each template asks ddlcourse.checks (never a hard-coded default)."""
+    for name in ("lab.sbatch", "engines.sbatch", "jupyter.sbatch"):
+        text = (SLURM_DIR / name).read_text()
+        assert 'SRUN_MPI=${DDLCOURSE_SRUN_MPI:-$("$PY" -m ddlcourse.checks srun-mpi --explain)}' in text, name
+        assert "export DDLCOURSE_SRUN_MPI=$SRUN_MPI" in text, name
+        assert "DDLCOURSE_SRUN_MPI:-pmi2" not in text, name
+
+
+def test_lab_template_falls_back_to_pmi2_and_says_so():
+    env = _clean_env(DDLCOURSE_DRY_RUN="1", DDLCOURSE_PYTHON="false")   # a Python that cannot answer
+    env.pop("DDLCOURSE_SRUN_MPI", None)
+    p = _bash(str(SLURM_DIR / "lab.sbatch"), "check", env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[:2] == ["srun", "--mpi=pmi2"]
+    assert "could not detect the MPI of mpi4py; assuming srun --mpi=pmi2" in p.stderr
 
 
 def test_lab_template_needs_a_case():
@@ -76,6 +98,42 @@ def test_jupyter_template_dry_run():
     assert "ssh -N -L 8888:127.0.0.1:8999 -J alice@login1 alice@" in p.stdout
     assert "http://127.0.0.1:8888/lab?token=abc" in p.stdout
     assert "--ip=127.0.0.1 --port=8999" in p.stdout  # loopback only, never all interfaces by default
+    assert "scale smoke, srun --mpi=pmi2" in p.stdout and "WARNING" not in p.stdout  # no allocation: no advice
+
+
+def _sbatch_options(name: str) -> dict[str, str]:
+    opts = {}
+    for line in (SLURM_DIR / name).read_text().splitlines():
+        if line.startswith("#SBATCH --"):
+            k, _, v = line[len("#SBATCH --"):].partition("=")
+            opts[k] = v
+    return opts
+
+
+def test_jupyter_template_asks_for_the_engines_the_notebooks_start():
+    """One task per GPU, and as many tasks as notebook 00 starts at the template's default scale (cluster);
+    sections that start more are named, with their count, in the template's header."""
+    from ddlcourse import checks, config
+    opts = _sbatch_options("jupyter.sbatch")
+    tasks = int(opts["nodes"]) * int(opts["ntasks-per-node"])
+    assert opts["gpus-per-node"] == opts["ntasks-per-node"]
+    assert 'DDLCOURSE_SCALE=${DDLCOURSE_SCALE:-cluster}' in (SLURM_DIR / "jupyter.sbatch").read_text()
+    assert tasks == config.sizes("setup_check", "cluster").n_ranks
+    header = (SLURM_DIR / "jupyter.sbatch").read_text().split("#SBATCH")[0]
+    for section, n in checks.engines_needed("cluster").items():
+        if n > tasks:
+            assert f"({n})" in header, f"{section} starts {n} engines at cluster scale; say so in the header"
+
+
+def test_jupyter_template_warns_when_the_allocation_is_too_small():
+    env = _clean_env(DDLCOURSE_DRY_RUN="1", DDLCOURSE_JUPYTER_PORT="8999", JUPYTER_TOKEN="abc", USER="alice",
+                     SLURM_NTASKS="2", SLURM_TASKS_PER_NODE="2(x1)", SLURM_GPUS_ON_NODE="1")
+    env.pop("DDLCOURSE_SCALE")                           # the template's own default: cluster
+    p = _bash(str(SLURM_DIR / "jupyter.sbatch"), env=env)
+    assert p.returncode == 0, p.stderr                   # a warning, never a refusal
+    assert "WARNING: 2 task(s) in this allocation, but at scale 'cluster'" in p.stdout
+    assert "WARNING: 2 tasks per node but 1 GPU(s) per node: ranks will share GPUs" in p.stdout
+    assert "scale cluster" in p.stdout
 
 
 def test_engines_template_dry_run():
@@ -116,7 +174,8 @@ def _ensure_slurm() -> str | None:
         return "slurm-wlm/munge are not installed and this is not a root Debian machine to apt-get them on"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"]):
+        lock = ["-o", "DPkg::Lock::Timeout=600"]   # tests/test_multinode.py may be installing them right now
+        for cmd in (["apt-get", *lock, "update", "-qq"], ["apt-get", *lock, "install", "-y", "-q", "slurm-wlm", "munge"]):
             p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
             if p.returncode != 0:
                 return f"{' '.join(cmd)} failed: {p.stderr[-500:]}"
@@ -231,3 +290,47 @@ def test_engines_through_srun_inside_salloc(slurm, tmp_path):
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert "2 engine(s) on 1 host(s) via srun" in p.stdout
     assert "engines via srun: 2 rank(s); allreduce three ways agree: True" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_gpu_smoke_dry_run_inside_salloc_and_a_wrong_pmi_plugin(slurm, tmp_path):
+    """env/gpu_smoke.sh's srun checks on a real (CPU) Slurm: the detected plugin is offered and gives one MPI
+    world; --mpi=none (a plugin that does not match MPICH) gives singletons, and ids.srun FAILs saying so."""
+    smoke = ROOT / "env" / "gpu_smoke.sh"
+    outs = {}
+    for plugin in ("", "none"):
+        env = _slurm_env(slurm, DDLCOURSE_RUNTIME_DIR=str(tmp_path / "rt"))
+        env.pop("DDLCOURSE_SRUN_MPI")
+        if plugin:
+            env["DDLCOURSE_SRUN_MPI"] = plugin
+        cmd = ["salloc", "-n", "2", "--immediate=120", "--time=10", "bash", str(smoke), "--dry-run",
+               "--only", "pmi,ids", "--log-dir", str(tmp_path / f"logs-{plugin or 'auto'}")]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        print(f"[slurm] gpu_smoke --only pmi,ids (DDLCOURSE_SRUN_MPI={plugin or 'detected'}): "
+              f"{time.perf_counter() - t0:.1f} s\n{p.stdout}")
+        outs[plugin] = p
+    good, bad = outs[""], outs["none"]
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert re.search(r"^PASS pmi +srun --mpi=pmi2: MPICH", good.stdout, re.M)
+    assert re.search(r"^PASS ids\.srun +2 rank\(s\) on 1 host\(s\)", good.stdout, re.M)
+    assert re.search(r"^PASS ids\.mpiexec +2 rank\(s\) on 1 host\(s\)", good.stdout, re.M)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert re.search(r"^FAIL ids\.srun +2 rank\(s\) expected, the MPI world has 1", bad.stdout, re.M), bad.stdout
+
+
+@pytest.mark.slow
+def test_gpu_smoke_gpu_form_on_cpu_nodes_fails_with_reasons(slurm, tmp_path):
+    """The GPU form (no --dry-run) inside an allocation without GPUs: it runs, and every check that needs a
+    GPU FAILs with the reason, never a PASS on the CPU."""
+    env = _slurm_env(slurm, DDLCOURSE_RUNTIME_DIR=str(tmp_path / "rt"))
+    cmd = ["salloc", "-n", "2", "--immediate=120", "--time=10", "bash", str(ROOT / "env" / "gpu_smoke.sh"),
+           "--only", "build,ids.srun,check", "--log-dir", str(tmp_path / "logs")]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    print(p.stdout)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert re.search(r"^gpu_smoke: GPU allocation; 1 node\(s\), 2 task\(s\)", p.stdout, re.M)
+    assert re.search(r"^FAIL build +.*torch sees no GPU", p.stdout, re.M)
+    assert re.search(r"^FAIL ids\.srun +.*have no CUDA device", p.stdout, re.M)
+    assert re.search(r"^FAIL check +check: FAIL: --require-cuda, but the CUDA allreduces were skipped", p.stdout, re.M)
+    assert "0 PASS, 3 FAIL, 0 SKIP" in p.stdout

@@ -11,6 +11,24 @@ def test_models_shape(name):
     assert m(torch.randn(2, 3, 16, 16)).shape == (2, 10)
 
 
+def test_resnet_stems():
+    """224x224 images get ResNet's strided ImageNet stem (blocks see 56x56), small images the stride-1 one."""
+    x = torch.randn(2, 3, 64, 64)
+    assert sb.TinyResNet(width=4, stem="imagenet").stem(x).shape == (2, 4, 16, 16)
+    assert sb.TinyResNet(width=4, stem="cifar").stem(x).shape == (2, 4, 64, 64)
+    assert sb.build_model("resnet", 224, width=4).stem[0].stride == (2, 2)
+    assert sb.build_model("resnet", 32, width=4).stem[0].stride == (1, 1)
+    assert sb.build_model("resnet", 224, width=64)(torch.randn(1, 3, 224, 224)).shape == (1, 10)
+    assert sum(p.numel() for p in sb.build_model("resnet", 224, width=64, n_classes=1000).parameters()) == 11_689_512
+    with pytest.raises(ValueError, match="unknown stem"):
+        sb.TinyResNet(stem="vgg")
+
+
+def test_clock_on_cpu():
+    t0 = sb.clock(torch.device("cpu"))
+    assert sb.clock(torch.device("cpu")) >= t0
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown model"):
         sb.build_model("vgg", 16)

@@ -1,239 +1,257 @@
 """Lab 4: traffic-conflict classification from multi-camera driving clips.
 
-    mpiexec -n 4 python -m ddlcourse run driving --scale laptop --backend ddp [--mp 4 --micro-batches 4]
+    mpiexec -n 4 python -m ddlcourse run driving --scale laptop --backend ddp [--fresh] [mp=4 micro_batches=4]
 
-``train(cfg)`` runs on every rank. ``cfg.mp`` ranks hold one replica of the model (the view encoders and the
-fusion head spread over them, :mod:`ddlcourse.parallel.branches`); ``ranks / mp`` replicas train
-data-parallel. ``mp = 1`` is plain data parallelism through DDP or Horovod (``cfg.backend``).
+``train(cfg)`` runs on every rank. The run's ranks form a ``dp x mp`` grid (``training.setup``): the ``mp``
+ranks of a row hold one replica of the model (the view encoders and the fusion head spread over them,
+:mod:`ddlcourse.parallel.branches`); the ``dp`` rows train data-parallel. ``mp = 1`` is plain data
+parallelism through DDP or Horovod (``cfg.backend``).
 
-Every replica sees the same global batches as a serial run (a global permutation per epoch, sliced per
-replica), so the loss trajectory does not depend on the number of ranks or on the mesh.
+Every replica sees its share of the same global batches as a serial run (see *who holds which clips* below),
+so the loss trajectory does not depend on the number of ranks or on the grid; and each replica loads only
+the clips it trains on, never the whole training set.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import time
-from dataclasses import asdict, dataclass, field, fields
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 
-from ddlcourse import config, metrics, training
+from ddlcourse import metrics, plots_timeline, sharding, training
 from ddlcourse.data import driving as data
 from ddlcourse.models.driving import MultiViewNet
+from ddlcourse.parallel.branches import BranchParallel
+from ddlcourse.parallel.data_parallel import unwrap
 
 CASE = "driving"
 
 
-@dataclass
-class Config:
-    n_clips: int = 460
-    n_val: int = 184
-    frames: int = 12
-    size: int = 48
-    width: int = 8
-    feat: int = 32
-    hidden: int = 64
-    epochs: int = 6
-    global_batch: int = 16
-    lr: float = 3e-3
+@dataclass(kw_only=True)
+class Config(training.CaseConfig):
+    """The ``lab_driving`` sizes of a scale plus the run options of this case (``key=value`` on the CLI)."""
+
+    CASE: ClassVar[str] = "driving"
+    SECTION: ClassVar[str] = "lab_driving"
+    n_clips: int                       # training clips (chunks of 23, each with the class quotas 18 : 4 : 1)
+    n_val: int
+    frames: int
+    size: int
+    width: int
+    feat: int
+    hidden: int
+    epochs: int
+    global_batch: int
+    lr: float
     weight_decay: float = 1e-4
     weighted_loss: bool = True
-    seed: int = 0
-    backend: str = "ddp"
-    ranks: int | None = None           # use the first `ranks` MPI ranks (None: all)
     mp: int = 1                        # model-parallel ranks per replica (views + head)
     micro_batches: int = 1
-    run_name: str = "default"
-    resume: bool = True
     use_cache: bool = True
     measure_memory: bool = False
-    scale: str = "laptop"
 
-    def validate(self, world: int) -> None:
-        n = self.ranks or world
-        if n > world:
-            raise ValueError(f"ranks={n} but only {world} MPI ranks are running")
-        if self.mp < 1 or n % self.mp:
-            raise ValueError(f"mp={self.mp} must divide the number of ranks {n}")
+    def validate(self) -> None:
+        super().validate()
+        if self.frames < 2 or self.size < 16:
+            raise training.ConfigError(f"need frames >= 2 and size >= 16, got frames={self.frames}, size={self.size}")
+        for k in ("feat", "hidden", "mp"):
+            if getattr(self, k) < 1:
+                raise training.ConfigError(f"{k}={getattr(self, k)}: must be >= 1")
+        if self.weight_decay < 0:
+            raise training.ConfigError(f"weight_decay={self.weight_decay}: must be >= 0")
         if self.mp > 1 and self.backend == "horovod":
-            raise ValueError("model parallelism (mp > 1) uses torch.distributed point-to-point; use backend='ddp'")
-        dp = n // self.mp
-        if self.global_batch % (dp * self.micro_batches):
-            raise ValueError(f"global_batch={self.global_batch} must split into {dp} replicas x "
-                             f"{self.micro_batches} micro-batches")
+            raise training.ConfigError("model parallelism (mp > 1) uses torch.distributed point-to-point; "
+                                       "use backend='ddp'")
+        if self.global_batch % self.micro_batches:
+            raise training.ConfigError(f"global_batch={self.global_batch} does not split into "
+                                       f"{self.micro_batches} micro-batches")
+        if self.n_clips < self.global_batch:
+            raise training.ConfigError(f"n_clips={self.n_clips} is less than one global batch ({self.global_batch})")
 
 
-def from_scale(scale: str | None = None, **overrides) -> Config:
-    s = config.sizes("lab_driving", scale)
-    known = {f.name for f in fields(Config)}
-    base = {k: v for k, v in vars(s).items() if k in known}
-    return Config(**{**base, "scale": s.scale, **overrides})
+def make_config(scale: str | None = None, **overrides) -> Config:
+    """The lab's config: the ``lab_driving`` sizes at ``scale`` plus validated run options."""
+    return training.make_config(Config, Config.SECTION, scale, **overrides)
 
 
-# --------------------------------------------------------------------------- data
+def check_mesh(cfg: Config, dp: int) -> None:
+    """The checks that need the number of replicas."""
+    if cfg.global_batch % (dp * cfg.micro_batches):
+        raise training.ConfigError(f"global_batch={cfg.global_batch} must split into {dp} replicas x "
+                                   f"{cfg.micro_batches} micro-batches")
+
+
+# --------------------------------------------------------------------------- data: who holds which clips
+# The training set is cut into ``global_batch`` contiguous *streams* of clips (sizes differ by at most one).
+# Slot ``s`` of every global batch is drawn from stream ``s``, in an order drawn afresh each epoch, so the global
+# batches depend on the seed and the epoch only, never on the number of ranks. A replica trains on the slots
+# ``sharding.shard`` gives it, a contiguous run of streams, hence on one contiguous block of clips: it loads that
+# block and nothing else (a quarter of the training set on 4 replicas).
+def streams(n_clips: int, global_batch: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` clip ranges of the ``global_batch`` streams."""
+    if n_clips < global_batch:
+        raise ValueError(f"n_clips={n_clips} is less than one global batch ({global_batch} clips)")
+    edges = np.concatenate([[0], np.cumsum(sharding.split_sizes(n_clips, global_batch))])
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def epoch_batches(n_clips: int, global_batch: int, epoch: int, seed: int = 0) -> np.ndarray:
+    """The global batches of ``epoch`` as clip indices, ``(steps, global_batch)``: column ``s`` walks stream
+    ``s`` in this epoch's order (the tail of a longer stream waits for a later epoch)."""
+    bounds = streams(n_clips, global_batch)
+    steps = n_clips // global_batch
+    rng = np.random.default_rng([seed, epoch])
+    return np.stack([lo + rng.permutation(hi - lo)[:steps] for lo, hi in bounds], 1)
+
+
+def replica_slots(global_batch: int, dp: int, dp_index: int) -> np.ndarray:
+    """The slots (columns of :func:`epoch_batches`) of replica ``dp_index`` of ``dp``: a contiguous run."""
+    return sharding.shard(np.arange(global_batch), dp_index, dp)
+
+
+def replica_clips(n_clips: int, global_batch: int, dp: int, dp_index: int) -> tuple[int, int]:
+    """``(start, stop)``: the only clips replica ``dp_index`` of ``dp`` ever trains on (its streams)."""
+    slots = replica_slots(global_batch, dp, dp_index)
+    if len(slots) == 0:
+        return 0, 0
+    bounds = streams(n_clips, global_batch)
+    return bounds[slots[0]][0], bounds[slots[-1]][1]
+
+
+def block(n_items: int, dp: int, dp_index: int) -> tuple[int, int]:
+    """``(start, stop)`` of replica ``dp_index``'s contiguous share of ``n_items`` (the validation clips)."""
+    sizes = sharding.split_sizes(n_items, dp)
+    start = sum(sizes[:dp_index])
+    return start, start + sizes[dp_index]
+
+
 def load_data(cfg: Config, ctx) -> tuple[dict, dict]:
-    """The ranks of the run make their own chunks (in parallel), then read the whole train and validation sets."""
-    kw = dict(frames=cfg.frames, size=cfg.size, use_cache=cfg.use_cache)
+    """This replica's training clips (its streams) and its share of the validation clips, nothing more.
+
+    The ``mp`` ranks of one replica need the same clips. With the cache on, each chunk (23 clips) is made once:
+    by the first rank of the replica whose block holds the chunk's first clip; after a barrier the others read it.
+    """
+    m = ctx.mesh
+    kw = dict(frames=cfg.frames, size=cfg.size)
+    tr_lo, tr_hi = replica_clips(cfg.n_clips, cfg.global_batch, m.dp, m.dp_rank)
+    va_lo, va_hi = block(cfg.n_val, m.dp, m.dp_rank)
     if cfg.use_cache and ctx.world_size > 1:
-        n_train_chunks = -(-cfg.n_clips // 23)
-        if ctx.world_size <= n_train_chunks:
-            data.generate(cfg.n_clips, seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size, **kw)
+        if m.mp_rank == 0:
+            for n, seed, lo, hi in ((cfg.n_clips, cfg.seed, tr_lo, tr_hi), (cfg.n_val, cfg.seed + 10_000, va_lo, va_hi)):
+                data.make_chunks(n, [c for c in data.chunks_of(lo, hi) if lo <= c * data.CHUNK < hi], seed=seed, **kw)
         ctx.barrier()                       # the run's ranks only: others may have left (ranks < world)
-    train = data.generate(cfg.n_clips, seed=cfg.seed, **kw)
-    val = data.generate(cfg.n_val, seed=cfg.seed + 10_000, **kw)
+    train = data.load_clips(cfg.n_clips, tr_lo, tr_hi, seed=cfg.seed, use_cache=cfg.use_cache, **kw)
+    val = data.load_clips(cfg.n_val, va_lo, va_hi, seed=cfg.seed + 10_000, use_cache=cfg.use_cache, **kw)
     return train, val
 
 
-def class_weights(labels: np.ndarray) -> torch.Tensor:
-    """Inverse class frequency, normalised to mean 1 over the samples (so the loss scale stays comparable)."""
-    counts = np.bincount(labels, minlength=3).astype(float)
-    w = np.where(counts > 0, len(labels) / (3 * np.maximum(counts, 1)), 0.0)
+def class_weights(counts) -> torch.Tensor:
+    """Inverse class frequency (from the class ``counts`` of the training set), normalised to mean 1 over the
+    samples, so the loss scale stays comparable."""
+    counts = np.asarray(counts, float)
+    w = np.where(counts > 0, counts.sum() / (3 * np.maximum(counts, 1)), 0.0)
     return torch.tensor(w, dtype=torch.float32)
 
 
 def summed_loss(weights: torch.Tensor | None):
+    """The (class-weighted) cross-entropy summed over a batch; ``weights`` on the logits' device."""
     def fn(logits, target):
-        return F.cross_entropy(logits, target, weight=weights, reduction="none").sum() if weights is None else \
-            (F.cross_entropy(logits, target, reduction="none") * weights[target]).sum()
+        loss = F.cross_entropy(logits, target, reduction="none")
+        return (loss if weights is None else loss * weights[target]).sum()
     return fn
 
 
-# --------------------------------------------------------------------------- mesh
-_GROUPS: dict = {}
-
-
-def _mesh(n: int, mp: int):
-    """Groups for the first ``n`` ranks as ``dp x mp`` (collective over the whole world; cached)."""
-    import torch.distributed as tdist
-    key = (n, mp)
-    if key not in _GROUPS:
-        r = tdist.get_rank()
-        mine = {"mp_group": None, "dp_group": None, "mp_ranks": None, "mp_index": None, "dp_index": None}
-        dp = n // mp
-        for d in range(dp):                       # replicas: neighbouring ranks
-            ranks = [d * mp + m for m in range(mp)]
-            g = tdist.new_group(ranks)
-            if r in ranks:
-                mine.update(mp_group=g, mp_ranks=ranks, mp_index=ranks.index(r), dp_index=d)
-        for m in range(mp):                       # same part of the model, different data
-            ranks = [d * mp + m for d in range(dp)]
-            g = tdist.new_group(ranks)
-            if r in ranks:
-                mine["dp_group"] = g
-        _GROUPS[key] = mine
-    return _GROUPS[key]
-
-
-class _WriterCtx:
-    """Checkpoint writer per model part: the first replica writes, everyone waits."""
-
-    def __init__(self, ctx, is_root):
-        self.is_root, self._ctx = is_root, ctx
-
-    def barrier(self):
-        self._ctx.barrier()
-
-
 # --------------------------------------------------------------------------- training
-def train(cfg: Config, progress_file: str | None = None) -> dict | None:
-    from ddlcourse import dist
-    from ddlcourse.parallel.branches import BranchParallel
+def _checkpointer(cfg: Config, ctx):
+    """Checkpoints per layout: with mp > 1 each model part has its own folder (the context's rule)."""
+    run = cfg.run_name if cfg.mp == 1 else f"{cfg.run_name}-mp{cfg.mp}"
+    return ctx.checkpointer(CASE, epochs=cfg.epochs, run_name=run)
 
-    info = dist.init(horovod=cfg.backend == "horovod")
-    cfg.validate(info.world_size)
-    n = cfg.ranks or info.world_size
-    mesh = _mesh(n, cfg.mp) if cfg.mp > 1 else None
-    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+
+def train(cfg: Config, progress_file: str | None = None) -> dict | None:
+    """Train on this rank's share; every rank of the run returns the result (rank 0 also writes it)."""
+    ctx = training.setup(cfg, mesh=(None, cfg.mp), progress_file=progress_file)   # every rank of the world
     if ctx is None:
         return None
-    dp = n // cfg.mp
-    dp_index = mesh["dp_index"] if mesh else ctx.rank
-    t_data = time.perf_counter()
-    tr, va = load_data(cfg, ctx)
-    t_data = time.perf_counter() - t_data
-    X, y = torch.from_numpy(tr["video"]), torch.from_numpy(tr["label"])
-    weights = class_weights(tr["label"]) if cfg.weighted_loss else None
-    loss_fn = summed_loss(weights)
+    m = ctx.mesh
+    dp, B = m.dp, cfg.global_batch
+    check_mesh(cfg, dp)
+    with ctx.timer() as t_data:
+        tr, va = load_data(cfg, ctx)
+    tr_lo, tr_hi = replica_clips(cfg.n_clips, B, dp, m.dp_rank)
+    X, y = torch.from_numpy(tr["video"]), torch.from_numpy(tr["label"])   # stay on the host; batches move
+    first = m.mp_rank == 0                                              # counts each replica's clips once
+    counts = ctx.sum(np.bincount(tr["label"], minlength=3) * first).astype(np.int64)
+    val_labels = np.concatenate(ctx.comm.allgather(va["label"] if first else va["label"][:0]))
+    loss_fn = summed_loss(ctx.to(class_weights(counts)) if cfg.weighted_loss else None)
 
     torch.manual_seed(cfg.seed)                    # the same initial model on every rank
-    model = MultiViewNet(3, cfg.width, cfg.feat, cfg.hidden)
+    model = ctx.to(MultiViewNet(3, cfg.width, cfg.feat, cfg.hidden))
     if cfg.mp > 1:
-        bp = BranchParallel(model, cfg.mp, mesh["mp_index"], mesh["mp_ranks"], mesh["dp_group"], mp_group=mesh["mp_group"])
-        opt = torch.optim.AdamW(bp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        writer = _WriterCtx(ctx, is_root=dp_index == 0)
-        ck_dir = training.results_dir(CASE) / "ckpt" / f"{cfg.run_name}-mp{cfg.mp}" / f"part{mesh['mp_index']}"
+        net = BranchParallel(model, cfg.mp, m.mp_rank, m.mp_ranks, m.dp_group, mp_group=m.mp_group)
+        opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        model, opt = ctx.wrap(model, opt)
-        writer = ctx
-        ck_dir = training.results_dir(CASE) / "ckpt" / cfg.run_name
-    ckpt = training.Checkpointer(ck_dir, writer)
-    if not cfg.resume:
-        ckpt.clear()
+    ckpt = _checkpointer(cfg, ctx)
     start, extra = ckpt.load(model, opt)
-    history = extra.get("history", [])
+    history = list(extra.get("history", []))
+    if cfg.mp == 1:
+        net, opt = ctx.wrap(model, opt)
 
-    B = cfg.global_batch
     local = B // dp
-    steps_per_epoch = len(y) // B
+    slots = replica_slots(B, dp, m.dp_rank)
+    steps_per_epoch = cfg.n_clips // B
     bar = ctx.progress((cfg.epochs - start) * steps_per_epoch, desc=f"driving dp={dp} mp={cfg.mp}")
-    memory = None
-    t_train, samples, timed_steps = 0.0, 0, 0
+    t_train, samples, timed_steps, t_step = 0.0, 0, 0, 0.0
     for epoch in range(start, cfg.epochs):
-        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch))
-        for k in range(steps_per_epoch):
-            idx = order[k * B:(k + 1) * B][dp_index * local:(dp_index + 1) * local]   # this replica's share
-            xb, yb = X[idx].float(), y[idx]
-            t0 = time.perf_counter()
-            opt.zero_grad()            # (Horovod's optimizer takes no set_to_none)
-            if cfg.mp > 1:
-                bp.events.clear()                       # keep the timeline of the last step only
-                t_step = time.perf_counter()
-                loss = bp.step(xb, yb, loss_fn, cfg.micro_batches)
-            else:
-                loss_t = 0.0
-                for xm, ym in zip(xb.chunk(cfg.micro_batches), yb.chunk(cfg.micro_batches)):
-                    l_m = loss_fn(model(xm), ym) / local
-                    l_m.backward()
-                    loss_t += l_m.item()
-                loss = loss_t
-            opt.step()
+        for k, batch in enumerate(epoch_batches(cfg.n_clips, B, epoch, cfg.seed)):
+            idx = torch.from_numpy(batch[slots] - tr_lo)                 # this replica's share, in its own block
+            xb, yb = ctx.to((X[idx].float(), y[idx]))
+            with ctx.timer() as t:
+                opt.zero_grad()            # (Horovod's optimizer takes no set_to_none)
+                if cfg.mp > 1:
+                    net.events.clear()                      # keep the timeline of the last step only
+                    t_step = ctx.now()
+                    loss = net.step(xb, yb, loss_fn, cfg.micro_batches)
+                else:
+                    loss_t = torch.zeros((), device=ctx.device)
+                    for xm, ym in zip(xb.chunk(cfg.micro_batches), yb.chunk(cfg.micro_batches)):
+                        l_m = loss_fn(net(xm), ym) / local
+                        l_m.backward()
+                        loss_t += l_m.detach()
+                    loss = loss_t.item()
+                opt.step()
             if epoch > start or k > 0:          # the first step warms up (allocations, first messages)
-                t_train += time.perf_counter() - t0
+                t_train += t.seconds
                 samples += B
                 timed_steps += 1
-            # the global mean loss: replicas' means averaged (equal replica batches)
-            gl = ctx.comm.allreduce(loss) / ctx.world_size if cfg.mp == 1 else \
-                ctx.comm.allreduce(loss if mesh["mp_index"] == 0 else 0.0) / dp
+            gl = ctx.mean(loss)                 # the global mean loss (a replica's ranks share its loss)
             history.append(gl)
             bar.update(1, epoch=epoch + 1, loss=gl)
         ckpt.save(epoch + 1, model, opt, history=history)
     bar.close()
     timeline = None
     if cfg.mp > 1:   # the last training step's events, relative to its start, from every rank
-        mine = [(e.rank, e.kind, e.micro, e.start - t_step, e.end - t_step) for e in bp.events]
-        timeline = [ev for part in ctx.comm.allgather(mine) for ev in part]
-    if cfg.measure_memory:
-        memory = _memory_per_rank(cfg, model if cfg.mp == 1 else bp, X[:local].float(), y[:local], loss_fn, ctx)
-    scores = evaluate(cfg, model if cfg.mp == 1 else bp, va, ctx, mesh)
-    n_params = sum(p.numel() for p in (model.parameters() if cfg.mp == 1 else bp.parameters()))
-    result = dict(case=CASE, scale=cfg.scale, ranks=n, dp=dp, mp=cfg.mp, micro_batches=cfg.micro_batches,
-                  backend=cfg.backend, epochs=cfg.epochs, global_batch=B, history=history,
-                  seconds=ctx.comm.allreduce(t_train, op=_max()), samples=samples, timed_steps=timed_steps,
-                  step_seconds=ctx.comm.allreduce(t_train, op=_max()) / max(1, timed_steps), data_seconds=t_data,
+        mine = [(e.rank, e.kind, e.micro, e.start, e.end) for e in net.events]
+        timeline = plots_timeline.gather_events(plots_timeline.relative_events(mine, t_step), ctx.comm)
+    memory = _memory_per_rank(cfg, net, *ctx.to((X[:local].float(), y[:local])), loss_fn, ctx) \
+        if cfg.measure_memory else None
+    scores = evaluate(cfg, net, va, ctx)
+    n_params = sum(p.numel() for p in net.parameters())
+    seconds = ctx.max(t_train)
+    result = dict(case=CASE, scale=cfg.scale, ranks=ctx.world_size, dp=dp, mp=cfg.mp,
+                  micro_batches=cfg.micro_batches, backend=cfg.backend, device=str(ctx.device), epochs=cfg.epochs,
+                  global_batch=B, history=history, seconds=seconds, samples=samples, timed_steps=timed_steps,
+                  step_seconds=seconds / max(1, timed_steps), data_seconds=ctx.max(t_data.seconds),
                   params_per_rank=ctx.comm.allgather(n_params), memory=memory, timeline=timeline, **scores,
-                  baseline=majority_baseline(va["label"]), class_counts=np.bincount(tr["label"], minlength=3).tolist())
-    if ctx.is_root:
-        (training.results_dir(CASE) / f"result-{cfg.run_name}.json").write_text(json.dumps(result, indent=1, default=float))
+                  baseline=majority_baseline(val_labels), class_counts=counts.tolist(),
+                  train_clips=ctx.comm.allgather([tr_lo, tr_hi]))     # the clips each rank holds
+    ctx.write_result(CASE, result)
     return result
-
-
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 def _memory_per_rank(cfg, model, xb, yb, loss_fn, ctx) -> list[dict]:
@@ -254,7 +272,6 @@ def _memory_per_rank(cfg, model, xb, yb, loss_fn, ctx) -> list[dict]:
 @torch.no_grad()
 def _logits_mp(bp, video):
     """Forward only, model-parallel: features to the head; logits on the head rank, None elsewhere."""
-    import torch.distributed as tdist
     feats = {br: bp.model.encoders[br](video[:, br:br + 1]) for br in bp.my_branches}
     if not bp.has_head:
         for br, f in feats.items():
@@ -265,35 +282,30 @@ def _logits_mp(bp, video):
         if owner == bp.mp_index:
             parts.append(feats[br])
         else:
-            buf = torch.empty(video.shape[0], cfg_feat(bp))
+            buf = torch.empty(video.shape[0], _feat(bp), device=video.device)
             tdist.recv(buf, bp.mp_ranks[owner])
             parts.append(buf)
     return bp.model.head(torch.cat(parts, 1))
 
 
-def cfg_feat(bp) -> int:
+def _feat(bp) -> int:
+    """Features per view that the head of a branch-parallel model takes."""
     return bp.model.head.mlp[0].in_features // len(bp.owners)
 
 
 @torch.no_grad()
-def evaluate(cfg: Config, model, va: dict, ctx, mesh) -> dict:
-    """Macro-F1, balanced accuracy, per-class recall and the confusion matrix, over the whole validation set."""
-    dp = (cfg.ranks or ctx.world_size) // cfg.mp
-    dp_index = mesh["dp_index"] if mesh else ctx.rank
-    idx = np.arange(dp_index, len(va["label"]), dp)                   # this replica's share
-    Xv, yv = torch.from_numpy(va["video"][idx]).float(), va["label"][idx]
+def evaluate(cfg: Config, model, va: dict, ctx, batch: int = 32) -> dict:
+    """Macro-F1, balanced accuracy, per-class recall and the confusion matrix over the whole validation set
+    (each replica scores its own share ``va``; the confusion matrices are summed over the ranks)."""
     preds = []
-    for s in range(0, len(idx), 32):
-        if cfg.mp > 1:
-            lg = _logits_mp(model, Xv[s:s + 32])
-        else:
-            m = model.module if hasattr(model, "module") else model
-            lg = m(Xv[s:s + 32])
+    for s in range(0, len(va["label"]), batch):
+        xb = ctx.to(torch.from_numpy(va["video"][s:s + batch]).float())
+        lg = _logits_mp(model, xb) if cfg.mp > 1 else unwrap(model)(xb)
         if lg is not None:
-            preds.append(lg.argmax(1).numpy())
+            preds.append(ctx.numpy(lg.argmax(1)))
     counts = cfg.mp == 1 or model.has_head                            # one rank per replica contributes
     p = np.concatenate(preds) if counts and preds else np.zeros(0, np.int64)
-    t = yv if counts else np.zeros(0, np.int64)
+    t = va["label"] if counts else np.zeros(0, np.int64)
     cm = metrics.confusion_matrix(p, t, 3, comm=ctx.comm)
     s = metrics.classification_scores(cm)
     return {"macro_f1": s["macro_f1"], "balanced_acc": s["balanced_acc"], "recall": s["recall"],
@@ -308,24 +320,15 @@ def majority_baseline(labels: np.ndarray) -> dict:
 
 
 # --------------------------------------------------------------------------- command line
-def cli(argv: list[str], scale: str | None = None, backend: str = "ddp") -> int:
-    p = argparse.ArgumentParser(prog="python -m ddlcourse run driving")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--global-batch", type=int)
-    p.add_argument("--mp", type=int, default=1, help="model-parallel ranks per replica (views + head)")
-    p.add_argument("--micro-batches", type=int, default=1)
-    p.add_argument("--run-name", default="cli")
-    p.add_argument("--no-resume", action="store_true")
-    a = p.parse_args(argv)
-    over = {k: v for k, v in dict(epochs=a.epochs, global_batch=a.global_batch).items() if v is not None}
-    cfg = from_scale(scale, backend=backend, mp=a.mp, micro_batches=a.micro_batches, run_name=a.run_name,
-                     resume=not a.no_resume, **over)
-    res = train(cfg)
-    from ddlcourse import dist
-    if dist.rank() == 0:
-        print(json.dumps({k: res[k] for k in ("ranks", "dp", "mp", "macro_f1", "balanced_acc", "baseline",
-                                              "seconds", "samples")}, default=float))
-    return 0
+def summary(res: dict) -> dict:
+    """What the command line prints (rank 0)."""
+    return {k: res[k] for k in ("ranks", "dp", "mp", "device", "macro_f1", "balanced_acc", "baseline", "seconds",
+                                "samples")}
+
+
+def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
+    """``python -m ddlcourse run driving [--fresh] [key=value ...]`` (``-h`` lists the settings)."""
+    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- pictures
@@ -389,21 +392,6 @@ def plot_confusion(cm, ax=None, title: str = ""):
                     color="white" if norm[i, j] > 0.5 else "black")
     ax.set_xticks(range(3), data.CLASSES, fontsize=7), ax.set_yticks(range(3), data.CLASSES, fontsize=7)
     ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title(title, fontsize=9)
-    return ax
-
-
-def plot_timeline(events, ax=None, title: str = ""):
-    """Which rank computes what during one step: F = view encoder forward, H = head, B = encoder backward."""
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 2.2))
-    colors = {"F": "#4C72B0", "H": "#C44E52", "B": "#55A868"}
-    for rank, kind, micro, t0, t1 in events:
-        ax.barh(rank, t1 - t0, left=t0, color=colors[kind], edgecolor="white")
-        ax.text((t0 + t1) / 2, rank, f"{kind}{micro}", ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(sorted({e[0] for e in events}))
-    ax.set_ylabel("rank"), ax.set_xlabel("seconds into the step"), ax.invert_yaxis()
-    ax.set_title(title, fontsize=9)
     return ax
 
 

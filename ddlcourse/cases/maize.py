@@ -4,12 +4,13 @@
 
 1. **segmentation** -- a small U-Net (:mod:`ddlcourse.models.maize`) learns the plant mask, the plant
    centres and the offsets to them; instances come from grouping; scored by mask AP50 / AP and the mean
-   IoU of matched instances, reduced over all ranks;
+   IoU of matched instances (:class:`ddlcourse.metrics.InstanceStats`), reduced over all ranks;
 2. **anomaly** -- a convolutional autoencoder learns crops of *normal* plants only; a plant's
    reconstruction error is its anomaly score, scored by AUROC and AP over all ranks.
 
 Data parallelism with Horovod (this lab's default backend) or DDP, on the same code path
-(:meth:`ddlcourse.training.RunContext.wrap`), optionally with the course's SyncBatchNorm.
+(:meth:`ddlcourse.training.RunContext.wrap`), optionally with the course's SyncBatchNorm. Config, command
+line, device, timers, checkpoints and results come from the course's case skeleton (:mod:`ddlcourse.training`).
 
 **Same global batch on any number of ranks.** Each step takes ``per_chunk`` images from *every* data
 chunk (each chunk shuffled by its own seed ``[seed, epoch, chunk]``), and rank r owns chunks r, r+N, ...,
@@ -18,49 +19,87 @@ trajectory is then the serial one up to floating-point rounding; with per-rank B
 
 Command line (horovod is this lab's default in notebooks; the course CLI's ``--backend`` defaults to ddp)::
 
-    mpiexec -n 4 python -m ddlcourse run maize --scale smoke --backend horovod [--seg-epochs 2] [--no-resume]
+    mpiexec -n 4 python -m ddlcourse run maize --scale smoke --backend horovod [--fresh] [seg_epochs=2 syncbn=false]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-from types import SimpleNamespace
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ddlcourse import config, metrics, training
+from ddlcourse import integrity, metrics, training
 from ddlcourse.data import maize as data
+from ddlcourse.metrics import InstanceStats
 from ddlcourse.models.maize import CropAutoencoder, UNet, group_instances, seg_loss
 
 CASE = "maize"
-DEFAULTS = dict(backend="horovod", ranks=None, seed=0, syncbn=True, run_name="default", resume=True,
-                stages="seg,ae", field_chunks=None, eval=True)
+STAGES = ("seg", "ae")
 
 
-def make_cfg(scale: str | None = None, **overrides) -> SimpleNamespace:
-    """The run settings: the ``lab_maize`` sizes at ``scale`` plus :data:`DEFAULTS`, then ``overrides``.
+@dataclass(kw_only=True)
+class Config(training.CaseConfig):
+    """The ``lab_maize`` sizes at a scale, and this lab's run options."""
 
-    ``field_chunks``: train on the first ``field_chunks`` chunks only (the field size; weak scaling).
-    """
-    sizes = vars(config.sizes("lab_maize", scale))
-    cfg = {**sizes, **DEFAULTS}
-    unknown = set(overrides) - set(cfg)
-    if unknown:
-        raise ValueError(f"unknown maize setting(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(overrides)
-    if cfg["backend"] not in ("ddp", "horovod"):
-        raise ValueError(f"unknown backend {cfg['backend']!r}; choose ddp or horovod")
-    for s in str(cfg["stages"]).split(","):
-        if s not in ("seg", "ae"):
-            raise ValueError(f"unknown stage {s!r} in stages={cfg['stages']!r}; use seg, ae or seg,ae")
-    return SimpleNamespace(**cfg)
+    CASE: ClassVar[str] = CASE
+    SECTION: ClassVar[str] = "lab_maize"
+    # data: field tiles of size x size px; n_train tiles in chunks of chunk_size
+    size: int
+    n_rows: int
+    n_slots: int
+    n_train: int
+    chunk_size: int
+    n_val: int
+    val_chunk_size: int
+    per_chunk: int                    # images per chunk in each step: global batch = n_chunks * per_chunk
+    # models and optimisation
+    seg_epochs: int
+    ae_epochs: int
+    width: int
+    depth: int
+    ae_width: int
+    latent: int
+    crop: int
+    lr: float
+    ae_lr: float
+    # run options
+    backend: str = "horovod"
+    syncbn: bool = True               # SyncBatchNorm: BatchNorm statistics of the global batch
+    stages: str = "seg,ae"            # seg, ae or seg,ae
+    field_chunks: int | None = None   # train on the first field_chunks chunks only (weak scaling)
+    eval: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        for s in self.stages.split(","):
+            if s not in STAGES:
+                raise training.ConfigError(f"unknown stage {s!r} in stages={self.stages!r}; use seg, ae or seg,ae")
+        if self.n_train % self.chunk_size or self.chunk_size % self.per_chunk:
+            raise training.ConfigError(f"n_train={self.n_train} must be a multiple of chunk_size={self.chunk_size}, "
+                                       f"and chunk_size a multiple of per_chunk={self.per_chunk}")
+        if self.field_chunks is not None and not 1 <= self.field_chunks <= self.n_train // self.chunk_size:
+            raise training.ConfigError(f"field_chunks={self.field_chunks} must lie in [1, "
+                                       f"{self.n_train // self.chunk_size}] (the chunks of the training field)")
+
+    @property
+    def stage_list(self) -> list[str]:
+        return self.stages.split(",")
+
+
+def make_config(scale: str | None = None, **overrides) -> Config:
+    """The run settings: the ``lab_maize`` sizes at ``scale`` plus this lab's run options, then ``overrides``."""
+    return training.make_config(Config, Config.SECTION, scale, **overrides)
+
+
+def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
+    """``python -m ddlcourse run maize [--fresh] [key=value ...]`` (see :func:`ddlcourse.training.case_cli`)."""
+    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # =========================================================================== data
-def train_settings(cfg) -> dict:
+def train_settings(cfg: Config) -> dict:
     return data.settings(cfg.n_train, cfg.chunk_size, cfg.seed, cfg.size, cfg.n_rows, cfg.n_slots)
 
 
@@ -76,7 +115,7 @@ def field_of(arrays: dict, field_chunks: int | None, n_chunks: int) -> tuple[dic
     return {k: v[keep] for k, v in arrays.items()}, int(field_chunks)
 
 
-def val_settings(cfg) -> dict:
+def val_settings(cfg: Config) -> dict:
     return data.settings(cfg.n_val, cfg.val_chunk_size, cfg.seed + 10_000, cfg.size, cfg.n_rows, cfg.n_slots)
 
 
@@ -118,94 +157,6 @@ def global_batches(chunk_ids: np.ndarray, per_chunk: int, seed: int, epoch: int)
     return [np.concatenate([p[s * per_chunk:(s + 1) * per_chunk] for p in perms]) for s in range(steps)]
 
 
-# =========================================================================== instance metrics
-def iou_matrix(pred_ids: np.ndarray, gt_ids: np.ndarray) -> np.ndarray:
-    """IoU of every predicted instance (rows) with every true instance (columns) of one image.
-
-    Ids are 1..P and 1..G in (H, W) maps, 0 = background; an id missing from its map gets an all-zero row/column.
-    """
-    p, g = pred_ids.ravel().astype(np.int64), gt_ids.ravel().astype(np.int64)
-    P, G = int(p.max(initial=0)), int(g.max(initial=0))
-    inter = np.bincount(p * (G + 1) + g, minlength=(P + 1) * (G + 1)).reshape(P + 1, G + 1)[1:, 1:]
-    area_p = np.bincount(p, minlength=P + 1)[1:]
-    area_g = np.bincount(g, minlength=G + 1)[1:]
-    union = area_p[:, None] + area_g[None, :] - inter
-    return np.divide(inter, union, out=np.zeros(inter.shape), where=union > 0)
-
-
-def match(iou: np.ndarray, scores: np.ndarray, thr: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy matching as in COCO: predictions in decreasing score take the free true instance of highest IoU >= thr.
-
-    Returns ``(tp (P,) bool, matched_iou (P,))`` (0 where unmatched).
-    """
-    P, G = iou.shape
-    tp, miou = np.zeros(P, bool), np.zeros(P)
-    free = np.ones(G, bool)
-    for i in np.argsort(-np.asarray(scores), kind="mergesort"):
-        if G == 0:
-            break
-        cand = np.where(free, iou[i], -1.0)
-        j = int(cand.argmax())
-        if cand[j] >= thr:
-            tp[i], miou[i], free[j] = True, iou[i, j], False
-    return tp, miou
-
-
-def average_precision_from_matches(scores, tp, n_gt: int) -> float:
-    """Area under the precision-recall curve with the precision envelope (COCO / VOC 2010+ style, all points).
-
-    ``scores``, ``tp``: every prediction of the data set; ``n_gt``: the number of true instances.
-    """
-    if n_gt <= 0:
-        raise ValueError("AP needs at least one true instance")
-    scores, tp = np.asarray(scores, float), np.asarray(tp, bool)
-    order = np.argsort(-scores, kind="mergesort")
-    hits = tp[order]
-    tps, fps = np.cumsum(hits), np.cumsum(~hits)
-    recall = np.concatenate([[0.0], tps / n_gt])
-    precision = np.concatenate([[1.0], tps / np.maximum(tps + fps, 1)])
-    envelope = np.maximum.accumulate(precision[::-1])[::-1]          # best precision at this recall or more
-    return float(np.sum((recall[1:] - recall[:-1]) * envelope[1:]))
-
-
-IOU_THRESHOLDS = np.round(np.arange(0.5, 0.96, 0.05), 2)
-
-
-class InstanceStats:
-    """Per-image match statistics, kept for the whole (sharded) evaluation set, then gathered over ranks."""
-
-    def __init__(self):
-        self.scores, self.tp, self.iou, self.n_gt = [], [], [], 0
-
-    def add(self, pred_ids: np.ndarray, scores: np.ndarray, gt_ids: np.ndarray) -> None:
-        iou = iou_matrix(pred_ids, gt_ids)
-        gt_present = np.bincount(gt_ids.ravel().astype(np.int64))[1:] > 0
-        iou = iou[:, gt_present]
-        self.n_gt += int(gt_present.sum())
-        self.scores.append(np.asarray(scores, float))
-        tps, ious = zip(*(match(iou, scores, t) for t in IOU_THRESHOLDS))
-        self.tp.append(np.stack(tps, 1))                                # (P, thresholds)
-        self.iou.append(ious[0])                                        # IoU of the match at 0.5
-
-    def result(self, comm=None) -> dict:
-        """AP50, AP (mean over IoU 0.50:0.95) and mean IoU of instances matched at 0.5, over all ranks."""
-        s = np.concatenate(self.scores) if self.scores else np.zeros(0)
-        tp = np.concatenate(self.tp) if self.tp else np.zeros((0, len(IOU_THRESHOLDS)), bool)
-        iou = np.concatenate(self.iou) if self.iou else np.zeros(0)
-        if comm is not None:                                            # every prediction of every rank
-            s = np.concatenate(comm.allgather(s))
-            tp = np.concatenate(comm.allgather(tp))
-            iou = np.concatenate(comm.allgather(iou))
-            n_gt = comm.allreduce(self.n_gt)
-        else:
-            n_gt = self.n_gt
-        aps = [average_precision_from_matches(s, tp[:, k], n_gt) for k in range(len(IOU_THRESHOLDS))]
-        m = tp[:, 0]
-        return {"ap50": aps[0], "ap": float(np.mean(aps)),
-                "miou_matched": float(iou[m].mean()) if m.any() else 0.0,
-                "recall50": float(m.sum() / n_gt), "n_gt": int(n_gt), "n_pred": int(len(s))}
-
-
 # =========================================================================== baselines
 def excess_green(images: np.ndarray) -> np.ndarray:
     """ExG = 2g - r - b (Woebbecke et al. 1995), the classic vegetation index; (n, H, W)."""
@@ -228,40 +179,29 @@ def baseline_instances(image: np.ndarray, mode: str = "components", thr: float =
 
 def green_area(crops: torch.Tensor, thr: float = 0.1) -> np.ndarray:
     """Green pixel count of each (3, h, w) crop in [0, 1]."""
-    c = crops.numpy()
+    c = crops.detach().cpu().numpy()
     return ((2 * c[:, 1] - c[:, 0] - c[:, 2]) > thr).sum((1, 2)).astype(float)
 
 
 # =========================================================================== training
-def _sync_buffers(model, comm) -> None:
+def _sync_buffers(model, ctx) -> None:
     """Average BatchNorm running statistics over ranks (per-rank BN with Horovod lets them drift apart)."""
-    if comm is None or comm.Get_size() == 1:
+    if ctx.world_size == 1:
         return
     with torch.no_grad():
         for b in model.buffers():
             if b.dtype.is_floating_point:
-                b.copy_(torch.from_numpy(metrics.allreduce_sum(b, comm) / comm.Get_size()).to(b.dtype))
+                b.copy_(torch.from_numpy(ctx.mean(ctx.numpy(b))).to(b.dtype))
 
 
-def _global_mean(x: float, comm) -> float:
-    return comm.allreduce(float(x)) / comm.Get_size()
-
-
-def _ckpt(cfg, ctx, stage: str) -> training.Checkpointer:
-    ck = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.run_name / stage, ctx)
-    if not cfg.resume:
-        ck.clear()
-    return ck
-
-
-def train_segmentation(cfg, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
+def train_segmentation(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
     model = UNet(cfg.width, cfg.depth)
     if cfg.syncbn and ctx.world_size > 1:
         from ddlcourse.parallel.syncbn import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, group=ctx.group)           # NEW: statistics of the global batch
-    model.to(ctx.device)
+    model = ctx.to(model)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    ck = _ckpt(cfg, ctx, "seg")
+    ck = ctx.checkpointer(CASE, "segmentation", epochs=cfg.seg_epochs)
     start, hist = ck.load(model, opt)                                    # resume before wrapping
     hist = {"loss": list(hist.get("loss", [])), "seconds": float(hist.get("seconds", 0.0)),
             "samples": int(hist.get("samples", 0))}
@@ -269,42 +209,42 @@ def train_segmentation(cfg, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
     for epoch in range(start, cfg.seg_epochs):
         model.train()
         for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed, epoch):
-            t0 = time.perf_counter()
-            x, y = tr["x"][idx].to(ctx.device), tr["y"][idx].to(ctx.device)   # (micro_batch, 3|4, H, W)
-            opt.zero_grad()
-            loss = seg_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            hist["seconds"] += time.perf_counter() - t0
+            with ctx.timer() as t:                                       # synchronised on a GPU
+                x, y = ctx.to((tr["x"][idx], tr["y"][idx]))              # (micro_batch, 3|4, H, W)
+                opt.zero_grad()
+                loss = seg_loss(model(x), y)
+                loss.backward()
+                opt.step()
+            hist["seconds"] += t.seconds
             hist["samples"] += len(idx) * ctx.world_size
-            hist["loss"].append(_global_mean(loss.item(), ctx.comm))      # mean over the global batch
+            hist["loss"].append(ctx.mean(loss.item()))                   # mean over the global batch
             bar.update(loss=hist["loss"][-1])
-        _sync_buffers(_unwrap(model), ctx.comm)
+        _sync_buffers(_unwrap(model), ctx)
         ck.save(epoch + 1, model, opt, **hist)
     return _unwrap(model), hist
 
 
-def train_autoencoder(cfg, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
-    ae = CropAutoencoder(cfg.latent, cfg.ae_width, cfg.crop).to(ctx.device)
+def train_autoencoder(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
+    ae = ctx.to(CropAutoencoder(cfg.latent, cfg.ae_width, cfg.crop))
     opt = torch.optim.Adam(ae.parameters(), lr=cfg.ae_lr)
-    ck = _ckpt(cfg, ctx, "ae")
+    ck = ctx.checkpointer(CASE, "autoencoder", epochs=cfg.ae_epochs)
     start, hist = ck.load(ae, opt)
     hist = {"loss": list(hist.get("loss", [])), "seconds": float(hist.get("seconds", 0.0))}
     ae, opt = ctx.wrap(ae, opt)
     for epoch in range(start, cfg.ae_epochs):
         for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed + 1, epoch):
-            t0 = time.perf_counter()
-            c = tr["crops"][idx].flatten(0, 1).to(ctx.device)             # (micro_batch * R, 3, crop, crop)
-            w = tr["normal"][idx].flatten().to(ctx.device)                # 1 for normal plants, 0 otherwise
-            n_global = ctx.comm.allreduce(float(w.sum()))                 # normal crops in the global batch
-            opt.zero_grad()
-            err = ((ae(c) - c) ** 2).mean((1, 2, 3))                      # (crops,)
-            # gradients are *averaged* over ranks, so scale by world_size: the result is the global mean
-            loss = (err * w).sum() * ctx.world_size / max(n_global, 1.0)
-            loss.backward()
-            opt.step()
-            hist["seconds"] += time.perf_counter() - t0
-            hist["loss"].append(_global_mean(loss.item(), ctx.comm))
+            with ctx.timer() as t:
+                # (micro_batch * R, 3, crop, crop) crops; w: 1 for normal plants, 0 otherwise
+                c, w = ctx.to((tr["crops"][idx].flatten(0, 1), tr["normal"][idx].flatten()))
+                n_global = ctx.sum(float(w.sum()))                       # normal crops in the global batch
+                opt.zero_grad()
+                err = ((ae(c) - c) ** 2).mean((1, 2, 3))                  # (crops,)
+                # gradients are *averaged* over ranks, so scale by world_size: the result is the global mean
+                loss = (err * w).sum() * ctx.world_size / max(n_global, 1.0)
+                loss.backward()
+                opt.step()
+            hist["seconds"] += t.seconds
+            hist["loss"].append(ctx.mean(loss.item()))
             bar.update(loss=hist["loss"][-1])
         ck.save(epoch + 1, ae, opt, **hist)
     return _unwrap(ae), hist
@@ -322,7 +262,7 @@ def evaluate_segmentation(model, va, ctx, batch: int = 16) -> tuple[dict, list]:
     st, base_cc, base_one = InstanceStats(), InstanceStats(), InstanceStats()
     preds = []
     for i in range(0, len(va["x"]), batch):
-        out = model(va["x"][i:i + batch].to(ctx.device)).cpu()
+        out = model(ctx.to(va["x"][i:i + batch])).cpu()            # (batch, 4, H, W) back on the CPU
         for k in range(out.shape[0]):
             ids, scores = group_instances(out[k])
             gt = va["instances"][i + k]
@@ -340,7 +280,7 @@ def evaluate_segmentation(model, va, ctx, batch: int = 16) -> tuple[dict, list]:
 def evaluate_anomaly(ae, tr, va, ctx, seed: int) -> dict:
     ae.eval()
     crops, recs = data.crops(va["image"], va["plants"], va["crop"])
-    x = to_tensor(crops).to(ctx.device)
+    x = ctx.to(to_tensor(crops))
     err = ((ae(x) - x) ** 2).mean((1, 2, 3)).cpu().numpy() if len(x) else np.zeros(0)
     z = ae.encode(x).cpu().numpy() if len(x) else np.zeros((0, ae.encoder[-1].out_features))
     kind = recs[:, 4].astype(int)
@@ -373,31 +313,29 @@ def evaluate_anomaly(ae, tr, va, ctx, seed: int) -> dict:
 
 
 # =========================================================================== the entry point
-def train(cfg, progress_file: str | None = None) -> dict | None:
-    """Train and evaluate on this rank's shard; every rank returns the same metrics (rank 0 also pictures)."""
-    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+def train(cfg: Config, progress_file: str | None = None) -> dict | None:
+    """Train and evaluate on this rank's shard; every rank returns the same metrics (rank 0 also pictures).
+
+    Rank 0 writes the plain numbers to ``results/maize/result-<run_name>.json``.
+    """
+    ctx = training.setup(cfg, progress_file=progress_file)
     if ctx is None:
         return None
-    if cfg.backend == "horovod":
-        # dist.init is idempotent: after an earlier ddp run in the same process it does not start Horovod
-        import horovod.torch as hvd
-        if not hvd.is_initialized():
-            hvd.init()
-    stages = str(cfg.stages).split(",")
-    t_start = time.perf_counter()
+    stages = cfg.stage_list
+    t_start = ctx.now()
     s_tr = train_settings(cfg)
     tr_arr = data.load(s_tr, ctx.rank, ctx.world_size)
     tr_arr, n_chunks = field_of(tr_arr, cfg.field_chunks, -(-s_tr["n_items"] // s_tr["chunk_size"]))
     if n_chunks % ctx.world_size:
         raise ValueError(f"{n_chunks} data chunks do not split evenly over {ctx.world_size} ranks; "
                          "use a number of ranks that divides the number of chunks")
-    tr = prepare(tr_arr, cfg.crop)
+    tr = prepare(tr_arr, cfg.crop)                                       # CPU tensors; batches go to ctx.device
     steps = s_tr["chunk_size"] // cfg.per_chunk
     total = steps * ((cfg.seg_epochs if "seg" in stages else 0) + (cfg.ae_epochs if "ae" in stages else 0))
     bar = ctx.progress(total, desc=f"maize {cfg.backend} x{ctx.world_size}")
-    out = {"world_size": ctx.world_size, "backend": cfg.backend, "syncbn": bool(cfg.syncbn),
+    out = {"world_size": ctx.world_size, "backend": cfg.backend, "syncbn": cfg.syncbn,
            "global_batch": n_chunks * cfg.per_chunk, "micro_batch": n_chunks * cfg.per_chunk // ctx.world_size,
-           "field_images": n_chunks * s_tr["chunk_size"], "steps_per_epoch": steps}
+           "field_images": n_chunks * s_tr["chunk_size"], "steps_per_epoch": steps, "run_name": cfg.run_name}
     va = None
     if cfg.eval:
         va_arr = data.load(val_settings(cfg), ctx.rank, ctx.world_size)
@@ -418,57 +356,18 @@ def train(cfg, progress_file: str | None = None) -> dict | None:
         if va is not None:
             out.update(evaluate_anomaly(ae, tr, va, ctx, cfg.seed))
     bar.close()
-    out["total_seconds"] = time.perf_counter() - t_start
+    out["total_seconds"] = ctx.now() - t_start
+    ctx.write_result(CASE, summary(out))
     return out
 
 
-# =========================================================================== command line
 def summary(res: dict) -> dict:
-    """The plain numbers of a result (no arrays, no per-step lists): for printing and result.json."""
-    keep = {}
-    for k, v in res.items():
-        if isinstance(v, (int, float, str, bool)):
-            keep[k] = v
-        elif isinstance(v, dict) and all(isinstance(x, (int, float, str, bool)) for x in v.values()):
-            keep[k] = v
-    if "loss" in res:
-        keep["final_loss"] = res["loss"][-1]
+    """The plain numbers of a result (no arrays, no per-step lists): for printing and the result file."""
+    keep = training.summary(res)
+    for k in ("loss", "ae_loss"):
+        if res.get(k):
+            keep[f"final_{k}"] = res[k][-1]
     return keep
-
-
-def cli(argv: list[str], scale: str | None = None, backend: str = "ddp") -> int:
-    """``python -m ddlcourse run maize [--seg-epochs N] [--ae-epochs N] [--no-syncbn] [--resume|--no-resume] ...``"""
-    p = argparse.ArgumentParser(prog="python -m ddlcourse run maize")
-    p.add_argument("--seg-epochs", type=int, default=None)
-    p.add_argument("--ae-epochs", type=int, default=None)
-    p.add_argument("--stages", default="seg,ae", help="seg, ae or seg,ae")
-    p.add_argument("--ranks", type=int, default=None, help="use only the first N ranks (ddp)")
-    p.add_argument("--field-chunks", type=int, default=None, help="field size in data chunks (weak scaling)")
-    p.add_argument("--no-syncbn", action="store_true", help="per-rank BatchNorm instead of SyncBatchNorm")
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--run-name", default="cli")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    try:
-        over = dict(backend=backend, ranks=a.ranks, stages=a.stages, field_chunks=a.field_chunks,
-                    syncbn=not a.no_syncbn, resume=a.resume, run_name=a.run_name, seed=a.seed)
-        if a.seg_epochs is not None:
-            over["seg_epochs"] = a.seg_epochs
-        if a.ae_epochs is not None:
-            over["ae_epochs"] = a.ae_epochs
-        for k in ("seg_epochs", "ae_epochs"):
-            if over.get(k, 1) < 0:
-                raise ValueError(f"--{k.replace('_', '-')} must be >= 0")
-        res = train(make_cfg(scale, **over))
-    except (ValueError, training.CheckpointError) as e:   # bad settings, data or checkpoint: a clear message
-        print(f"maize: error: {e}", file=sys.stderr)
-        return 2
-    from ddlcourse import dist
-    if res is not None and dist.rank() == 0:
-        s = summary(res)
-        print(json.dumps(s, indent=1))
-        (training.results_dir(CASE) / "result.json").write_text(json.dumps(s, indent=1))
-    return 0
 
 
 # =========================================================================== pictures
@@ -560,31 +459,10 @@ def show_reconstructions(res: dict, n: int = 8):
 
 
 # =========================================================================== comparing runs
-def max_rel_diff(a, b) -> float:
-    """Largest relative difference between two loss trajectories over their common steps."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    n = min(len(a), len(b))
-    if n == 0:
-        raise ValueError("no common steps to compare")
-    return float(np.max(np.abs(a[:n] - b[:n]) / np.abs(b[:n])))
+max_rel_diff = integrity.max_rel_diff            # largest relative difference of two loss trajectories
+plot_deviation = integrity.plot_rel_deviation    # |loss - serial loss| / serial loss per step
 
 
 def seconds_per_step(res: dict) -> float:
     """Mean training time of one segmentation step of a run."""
     return res["seconds"] / len(res["loss"])
-
-
-def plot_deviation(reference, runs: dict, ax=None):
-    """|loss - serial loss| / serial loss per step, one line per run (log scale)."""
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.6, 3.2))
-    ref = np.asarray(reference, float)
-    for label, loss in runs.items():
-        n = min(len(ref), len(loss))
-        ax.semilogy(np.abs(np.asarray(loss[:n]) - ref[:n]) / ref[:n] + 1e-9, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("relative difference to 1 rank")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return ax

@@ -1,13 +1,18 @@
 """Case study: 3-D seismic facies classification, 2-D sections against 3-D cubes, past one rank's memory.
 
-``train(cfg)`` runs on every rank (ipyparallel engines or ``mpiexec``) and returns a result dict on each.
-The options that make this case (besides the sizes of the ``lab_seismic`` scale section):
+    mpiexec -n 4 python -m ddlcourse run seismic --scale laptop [--fresh] [model=2d|3d spatial=2 cube=64,32,32]
+
+``train(cfg)`` runs on every rank (ipyparallel engines or ``mpiexec``) and returns a result dict on each; the
+model and every cube sit on the rank's device (``ctx.device``). The options that make this case (besides the
+sizes of the ``lab_seismic`` scale section, all in :class:`Config`):
 
 * ``model``   -- ``"2d"``: a U-Net on inline sections (each cube is cut into its ``x`` sections);
                  ``"3d"``: a U-Net on whole cubes.
 * ``spatial`` -- ranks that share one cube (3-D only): the cube's depth is split into ``spatial`` slabs,
                  one per rank, with halo exchange in every convolution (``ddlcourse.parallel.spatial``).
-                 The ``world_size`` ranks form ``world_size / spatial`` data-parallel groups.
+                 The ``world_size`` ranks form a ``(world_size / spatial) x spatial`` grid
+                 (``training.setup(cfg, mesh=(None, spatial))``): rows of neighbouring ranks share a cube,
+                 columns are the data-parallel groups.
 * ``memory_budget_mb`` -- the activation memory one rank may use for one cube (its slab); a cube that
                  needs more is refused before training, as a device would refuse it with out-of-memory.
 
@@ -23,16 +28,15 @@ batch is the same for any number of ranks, and the loss trajectory too.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import time
-from types import SimpleNamespace
+import sys
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddlcourse import metrics, training
+from ddlcourse import dist, memory, metrics, training
 from ddlcourse.data import seismic as data
 from ddlcourse.models import seismic as models
 
@@ -45,43 +49,73 @@ class MemoryBudgetError(ValueError):
 
 
 # --------------------------------------------------------------------------- configuration
-def make_cfg(scale: str | None = None, **overrides) -> SimpleNamespace:
-    """The lab's config: the ``lab_seismic`` sizes at ``scale`` plus run options (overridable)."""
-    from ddlcourse import config
-    sizes = vars(config.sizes("lab_seismic", scale))
-    cfg = dict(model="3d", spatial=1, backend="ddp", ranks=None, seed=0, run_name=None, resume=True,
-               memory_budget_mb=sizes.get("memory_budget_mb", 0.0), cube=None, return_example=False)
-    cfg.update(sizes)
-    unknown = set(overrides) - set(cfg)
-    if unknown:
-        raise ValueError(f"unknown seismic option(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(overrides)
-    if cfg["cube"] is None:
-        cfg["cube"] = list(sizes["cube"])
-    return SimpleNamespace(**cfg)
+@dataclass(kw_only=True)
+class Config(training.CaseConfig):
+    """The ``lab_seismic`` sizes of a scale plus the run options of this case (``key=value`` on the CLI)."""
+
+    CASE: ClassVar[str] = "seismic"
+    SECTION: ClassVar[str] = "lab_seismic"
+    volume: list[int]                  # (depth, x, y) of a generated volume
+    cube: list[int]                    # (depth, x, y) of a training cube
+    spatial_cube: list[int]            # a cube past one rank's budget (the lab's spatial runs)
+    cubes_per_volume: int
+    n_volumes: int
+    n_test: int
+    global_batch: int                  # cubes per step
+    width: int
+    levels: int
+    epochs: int
+    lr: float
+    memory_budget_mb: float = 0.0      # activation MB one rank may use for one cube (its slab); 0 = no limit
+    memory_edges: list[int] = field(default_factory=list)
+    scaling_epochs: int = 1
+    model: str = "3d"                  # 2d: U-Net on inline sections; 3d: U-Net on cubes
+    spatial: int = 1                   # ranks that split one cube's depth (3d only)
+    return_example: bool = False       # rank 0 returns one test volume with its prediction
+
+    def validate(self) -> None:
+        super().validate()
+        if self.model not in MODELS:
+            raise training.ConfigError(f"unknown model {self.model!r}; choose '2d' (sections) or '3d' (cubes)")
+        for k in ("volume", "cube", "spatial_cube"):
+            v = getattr(self, k)
+            if len(v) != 3 or min(v) < 1:
+                raise training.ConfigError(f"{k}={v}: expected three sizes (depth, x, y) >= 1")
+        s = self.spatial
+        if s < 1:
+            raise training.ConfigError(f"spatial={s}: must be >= 1")
+        if s > 1 and self.model != "3d":
+            raise training.ConfigError("spatial parallelism splits a cube's depth: use it with model='3d'")
+        if self.ranks is not None and self.ranks % s:
+            raise training.ConfigError(f"spatial={s} must divide the number of ranks ({self.ranks})")
+        if self.memory_budget_mb < 0:
+            raise training.ConfigError(f"memory_budget_mb={self.memory_budget_mb}: must be >= 0 (0 = no limit)")
+        if self.global_batch % self.cubes_per_volume:
+            raise training.ConfigError(f"global_batch={self.global_batch} must be a multiple of cubes_per_volume="
+                                       f"{self.cubes_per_volume}")
+        f = 2 ** self.levels
+        if self.cube[0] % (s * f) or any(c % f for c in self.cube[1:]):
+            raise training.ConfigError(f"cube {tuple(self.cube)}: depth must be divisible by spatial*2**levels = "
+                                       f"{s * f}, x and y by {f}")
 
 
-def check_cfg(cfg, world_size: int) -> None:
-    """Clear errors for options that cannot work, before any work is done."""
-    if cfg.model not in MODELS:
-        raise ValueError(f"unknown model {cfg.model!r}; choose '2d' (sections) or '3d' (cubes)")
-    s = int(cfg.spatial)
-    if s < 1 or world_size % s:
-        raise ValueError(f"spatial={s} must divide the number of ranks ({world_size})")
-    if s > 1 and cfg.model != "3d":
-        raise ValueError("spatial parallelism splits a cube's depth: use it with model='3d'")
+def make_config(scale: str | None = None, **overrides) -> Config:
+    """The lab's config: the ``lab_seismic`` sizes at ``scale`` plus validated run options."""
+    return training.make_config(Config, Config.SECTION, scale, **overrides)
+
+
+def check_cfg(cfg: Config, world_size: int) -> None:
+    """The checks that need the number of ranks, before any work is done."""
+    s = cfg.spatial
+    if world_size % s:
+        raise training.ConfigError(f"spatial={s} must divide the number of ranks ({world_size})")
     n_dp = world_size // s
-    per_block = cfg.global_batch // cfg.cubes_per_volume
-    if cfg.global_batch % cfg.cubes_per_volume or per_block % n_dp:
-        raise ValueError(f"global_batch={cfg.global_batch} must be a multiple of cubes_per_volume="
-                         f"{cfg.cubes_per_volume} times the data-parallel groups ({n_dp})")
-    f = 2 ** cfg.levels
-    if cfg.cube[0] % (s * f) or any(c % f for c in cfg.cube[1:]):
-        raise ValueError(f"cube {tuple(cfg.cube)}: depth must be divisible by spatial*2**levels = {s * f}, "
-                         f"x and y by {f}")
+    if (cfg.global_batch // cfg.cubes_per_volume) % n_dp:
+        raise training.ConfigError(f"global_batch={cfg.global_batch} must be a multiple of cubes_per_volume="
+                                   f"{cfg.cubes_per_volume} times the data-parallel groups ({n_dp})")
 
 
-def preflight(cfg, world_size: int) -> float:
+def preflight(cfg: Config, world_size: int) -> float:
     """Check the options and the memory wall; returns the predicted activation MB per rank.
 
     A cube whose activations exceed ``memory_budget_mb`` on one rank is refused, as a device would
@@ -95,30 +129,6 @@ def preflight(cfg, world_size: int) -> float:
             f"over the budget of {cfg.memory_budget_mb} MB: split it across more ranks (spatial=...), use a "
             "smaller cube, or activation checkpointing")
     return need_mb
-
-
-# --------------------------------------------------------------------------- process groups
-_GROUPS: dict = {}
-
-
-def spatial_groups(n_ranks: int, spatial: int) -> dict:
-    """The torch groups of ``spatial`` consecutive ranks among the first ``n_ranks`` (cached).
-
-    ``new_group`` is collective over *every* rank of the world, members or not, so every rank calls this
-    (before the ranks left out of a scaling run return), with the same arguments, in the same order.
-    """
-    import torch.distributed as tdist
-    if spatial < 1 or n_ranks % spatial:
-        raise ValueError(f"spatial={spatial} must divide the number of ranks ({n_ranks})")
-    groups = {}
-    for first in range(0, n_ranks, spatial) if spatial > 1 else ():
-        ranks = tuple(range(first, first + spatial))
-        key = (ranks, id(tdist.distributed_c10d._get_default_group()))
-        if key not in _GROUPS:
-            _GROUPS[key] = tdist.new_group(list(ranks))
-        for r in ranks:
-            groups[r] = _GROUPS[key]
-    return groups
 
 
 # --------------------------------------------------------------------------- pieces of a step
@@ -142,11 +152,12 @@ def model_target(cfg, labels: np.ndarray) -> torch.Tensor:
 
 
 def predict_volume(model, cfg, seismic: np.ndarray) -> np.ndarray:
-    """Facies of a whole volume (depth, x, y): one pass for 3-D, one inline at a time for 2-D."""
+    """Facies of a whole volume (depth, x, y): one pass for 3-D, one inline at a time for 2-D (on the model's device)."""
+    device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(model_input(cfg, seismic))
+        logits = model(model_input(cfg, seismic).to(device))
     pred = logits.argmax(1)
-    return (pred[0] if cfg.model == "3d" else pred.permute(1, 0, 2)).numpy().astype(np.uint8)
+    return (pred[0] if cfg.model == "3d" else pred.permute(1, 0, 2)).cpu().numpy().astype(np.uint8)
 
 
 def slab(t: torch.Tensor, group, dim: int) -> torch.Tensor:
@@ -166,32 +177,6 @@ def predicted_activation_mb(cfg, spatial: int | None = None) -> float:
     return models.activation_bytes(model, shape, device="meta", halo=s > 1) / 2 ** 20
 
 
-class SavedBytes:
-    """Context manager: bytes of the tensors autograd saves inside it (each storage once)."""
-
-    def __init__(self, model):
-        self.params = {id(p) for p in model.parameters()}
-        self.saved = {}
-
-    def _pack(self, t):
-        if id(t) not in self.params:
-            st = t.untyped_storage()
-            self.saved[(st.data_ptr(), st.nbytes())] = st.nbytes()
-        return t
-
-    def __enter__(self):
-        self._cm = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._cm.__exit__(*exc)
-
-    @property
-    def mb(self) -> float:
-        return sum(self.saved.values()) / 2 ** 20
-
-
 def average_gradients(model, ctx) -> None:
     """Mean of the gradients over the run's ranks: one allreduce per tensor (notebook 03)."""
     if ctx.world_size == 1:
@@ -206,42 +191,40 @@ def average_gradients(model, ctx) -> None:
     avg(model, group=ctx.group)
 
 
+def load_cubes(cfg: Config, ctx) -> dict:
+    """This data-parallel group's training cubes; the spatial ranks of a group share them (the first makes them)."""
+    m, cubes = ctx.mesh, None
+    for turn in (0, 1):                                   # the group's first rank makes them, the others load
+        if (m.mp_rank == 0) == (turn == 0):
+            cubes = data.training_cubes(cfg.n_volumes, cfg.volume, cfg.cube, cfg.cubes_per_volume, cfg.seed,
+                                        rank=m.dp_rank, world_size=m.dp)
+        if m.mp > 1:
+            ctx.barrier()
+    return cubes
+
+
 # --------------------------------------------------------------------------- train
-def train(cfg, progress_file: str | None = None) -> dict | None:
+def train(cfg: Config, progress_file: str | None = None) -> dict | None:
     """Train the 2-D or 3-D model on synthetic seismic cubes; evaluate on held-out volumes (on every rank)."""
-    from ddlcourse import dist
-    cfg = cfg if isinstance(cfg, SimpleNamespace) else SimpleNamespace(**cfg)
-    s = int(cfg.spatial)
-    dist.init(horovod=(cfg.backend == "horovod"))
-    if s > 1:   # collective over the whole world, so before the ranks left out return
-        groups = spatial_groups(cfg.ranks or dist.world_size(), s)
-    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+    s = cfg.spatial
+    need_mb = preflight(cfg, cfg.ranks or dist.world_size())   # bad options fail before any work, on every rank
+    # the run's ranks as a grid: rows of `spatial` neighbouring ranks share a cube, columns are data-parallel
+    ctx = training.setup(cfg, mesh=(None, s), progress_file=progress_file)
     if ctx is None:
         return None
-    need_mb = preflight(cfg, ctx.world_size)
-    n_dp, dp_rank = ctx.world_size // s, ctx.rank // s
-    group = groups[ctx.rank] if s > 1 else None
-
-    # data: this data-parallel group's volumes; the spatial ranks of a group share them
-    cubes = None
-    for turn in (0, 1):                                   # the group's first rank makes them, the others load
-        if (ctx.rank % s == 0) == (turn == 0):
-            cubes = data.training_cubes(cfg.n_volumes, cfg.volume, cfg.cube, cfg.cubes_per_volume, cfg.seed,
-                                        rank=dp_rank, world_size=n_dp)
-        if s > 1:
-            ctx.barrier()
+    n_dp, dp_rank, group = ctx.mesh.dp, ctx.mesh.dp_rank, ctx.mesh.mp_group
+    cubes = load_cubes(cfg, ctx)
     vols_per_batch = cfg.global_batch // cfg.cubes_per_volume
     n_batches = cfg.n_volumes // vols_per_batch
     if n_batches < 1:
-        raise ValueError(f"n_volumes={cfg.n_volumes} is less than one global batch ({vols_per_batch} volumes)")
+        raise training.ConfigError(f"n_volumes={cfg.n_volumes} is less than one global batch ({vols_per_batch} volumes)")
 
-    model = build_model(cfg)
-    model.set_spatial(group) if cfg.model == "3d" else None
+    torch.manual_seed(cfg.seed)                           # the same initial model on every rank, whatever ran before
+    model = ctx.to(build_model(cfg))
+    if cfg.model == "3d":
+        model.set_spatial(group)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    run_name = cfg.run_name or f"{cfg.model}-s{s}-n{ctx.world_size}"
-    ckpt = training.Checkpointer(training.results_dir(CASE) / "ckpt" / run_name, ctx)
-    if not cfg.resume:
-        ckpt.clear()
+    ckpt = ctx.checkpointer(CASE, stage=cfg.model, epochs=cfg.epochs)   # results/seismic/ckpt/<run>/<2d|3d>
     start_epoch, state = ckpt.load(model, opt)
     history = list(state.get("history", []))
 
@@ -250,42 +233,39 @@ def train(cfg, progress_file: str | None = None) -> dict | None:
     bar = ctx.progress((cfg.epochs - start_epoch) * n_batches, desc=f"seismic {cfg.model}")
     activation_mb, seconds, samples = 0.0, 0.0, 0
     for epoch in range(start_epoch, cfg.epochs):
-        training.seed_epoch(cfg.seed, epoch, ctx.rank)
+        ctx.seed_epoch(epoch)
         order = np.random.default_rng([cfg.seed, epoch]).permutation(n_batches)   # same on every rank
-        t0 = time.perf_counter()
-        for b in order:
-            block = range(b * vols_per_batch, (b + 1) * vols_per_batch)
-            mine = np.flatnonzero(np.isin(cubes["chunk"], [v for v in block if v % n_dp == dp_rank]))
-            opt.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for i in mine:                                # one cube (its slab) at a time: memory of one cube
-                x = slab(model_input(cfg, cubes["seismic"][i]), group, depth_dim)
-                y = slab(model_target(cfg, cubes["labels"][i]), group, 1)
-                with SavedBytes(model) as mem:
-                    loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
-                activation_mb = max(activation_mb, mem.mb)
-                (loss * ctx.world_size).backward()        # the mean over ranks below undoes the factor
-                loss_sum += loss.item()
-            average_gradients(model, ctx)
-            opt.step()
-            history.append(ctx.comm.allreduce(loss_sum))  # the global batch's mean loss
-            samples += cfg.global_batch
-            bar.update(loss=history[-1], epoch=epoch)
-        seconds += time.perf_counter() - t0
+        with ctx.timer() as t:
+            for b in order:
+                block = range(b * vols_per_batch, (b + 1) * vols_per_batch)
+                mine = np.flatnonzero(np.isin(cubes["chunk"], [v for v in block if v % n_dp == dp_rank]))
+                opt.zero_grad(set_to_none=True)
+                loss_sum = torch.zeros((), device=ctx.device)
+                for i in mine:                            # one cube (its slab) at a time: memory of one cube
+                    # cut the slab on the host, then move only the slab to the device
+                    x = ctx.to(slab(model_input(cfg, cubes["seismic"][i]), group, depth_dim))
+                    y = ctx.to(slab(model_target(cfg, cubes["labels"][i]), group, 1))
+                    with memory.SavedBytes(model) as mem:
+                        loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
+                    activation_mb = max(activation_mb, mem.mb)
+                    (loss * ctx.world_size).backward()    # the mean over ranks below undoes the factor
+                    loss_sum += loss.detach()
+                average_gradients(model, ctx)
+                opt.step()
+                history.append(ctx.sum(loss_sum.item()))  # the global batch's mean loss
+                samples += cfg.global_batch
+                bar.update(loss=history[-1], epoch=epoch)
+        seconds += t.seconds
         ckpt.save(epoch + 1, model, opt, history=history)
     bar.close()
 
     result = evaluate(model, cfg, ctx, cubes)
-    result.update(history=history, seconds=ctx.comm.allreduce(seconds, op=_max()), samples=samples,
-                  world_size=ctx.world_size, spatial=s, model=cfg.model, cube=list(cfg.cube),
-                  activation_mb=ctx.comm.allreduce(activation_mb, op=_max()),
-                  predicted_activation_mb=need_mb, memory_budget_mb=cfg.memory_budget_mb)
+    result.update(history=history, seconds=ctx.max(seconds), samples=samples, world_size=ctx.world_size,
+                  spatial=s, model=cfg.model, cube=list(cfg.cube), device=str(ctx.device),
+                  activation_mb=ctx.max(activation_mb), predicted_activation_mb=need_mb,
+                  memory_budget_mb=cfg.memory_budget_mb)
+    ctx.write_result(CASE, {k: v for k, v in result.items() if k != "example"}, name=f"{cfg.run_name}-{cfg.model}")
     return result
-
-
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -296,9 +276,9 @@ def evaluate(model, cfg, ctx, cubes) -> dict:
     test = data.test_volumes(cfg.n_test, cfg.volume, seed=cfg.seed + 10_000, rank=ctx.rank,
                              world_size=ctx.world_size)
     n = data.N_FACIES
-    # majority class of the training data, counted over every rank's (group's) cubes
-    counts = np.bincount(cubes["labels"].ravel(), minlength=n) if ctx.rank % cfg.spatial == 0 else np.zeros(n)
-    majority = int(np.argmax(metrics.allreduce_sum(counts, ctx.comm)))
+    # majority class of the training data, counted over every data-parallel group's cubes (once per group)
+    counts = np.bincount(cubes["labels"].ravel(), minlength=n) if ctx.mesh.mp_rank == 0 else np.zeros(n)
+    majority = int(np.argmax(ctx.sum(counts)))
     cm = np.zeros((n, n), np.int64)
     cm_base = np.zeros((n, n), np.int64)
     changes = np.zeros(3)                                 # label changes between inlines: pred, truth, count
@@ -310,9 +290,9 @@ def evaluate(model, cfg, ctx, cubes) -> dict:
         changes += [(pred[:, 1:] != pred[:, :-1]).sum(), (lab[:, 1:] != lab[:, :-1]).sum(), lab[:, 1:].size]
         if example is None and ctx.is_root and cfg.return_example:
             example = {"seismic": seis, "labels": lab, "pred": pred}
-    cm = metrics.allreduce_sum(cm, ctx.comm).astype(np.int64)          # sufficient statistics, never means
-    cm_base = metrics.allreduce_sum(cm_base, ctx.comm).astype(np.int64)
-    changes = metrics.allreduce_sum(changes, ctx.comm)
+    cm = ctx.sum(cm).astype(np.int64)                     # sufficient statistics, never means
+    cm_base = ctx.sum(cm_base).astype(np.int64)
+    changes = ctx.sum(changes)
     model.train()
     return {"scores": metrics.segmentation_scores(cm), "baseline": metrics.segmentation_scores(cm_base),
             "majority_class": majority, "confusion": cm.tolist(),
@@ -321,47 +301,15 @@ def evaluate(model, cfg, ctx, cubes) -> dict:
 
 
 # --------------------------------------------------------------------------- command line
-def cli(argv, scale=None, backend: str = "ddp") -> int:
-    """``python -m ddlcourse run seismic [--model 2d|3d] [--spatial S] [--epochs E] [--cube D X Y] ...``"""
-    p = argparse.ArgumentParser(prog="python -m ddlcourse run seismic")
-    p.add_argument("--model", default="3d", help="2d | 3d")
-    p.add_argument("--spatial", type=int, default=1, help="ranks that split one cube's depth (3d only)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--cube", type=int, nargs=3, default=None, metavar=("DEPTH", "X", "Y"))
-    p.add_argument("--memory-budget-mb", type=float, default=None, help="per-rank activation budget, 0 = none")
-    p.add_argument("--ranks", type=int, default=None)
-    p.add_argument("--run-name", default=None)
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
-    a = p.parse_args(argv)
-    try:
-        over = dict(model=a.model, spatial=a.spatial, backend=backend, ranks=a.ranks, run_name=a.run_name,
-                    resume=a.resume)
-        if a.epochs is not None:
-            over["epochs"] = a.epochs
-        if a.cube is not None:
-            over["cube"] = a.cube
-        if a.memory_budget_mb is not None:
-            over["memory_budget_mb"] = a.memory_budget_mb
-        cfg = make_cfg(scale, **over)
-        from mpi4py import MPI
-        preflight(cfg, cfg.ranks or MPI.COMM_WORLD.Get_size())   # bad options fail before any work
-        res = train(cfg)
-    except (ValueError, training.CheckpointError) as e:
-        import sys
-        print(f"seismic: error: {e}", file=sys.stderr)
-        return 2
-    from ddlcourse import dist
-    if res is not None and dist.rank() == 0:
-        res.pop("example", None)
-        out = {k: v for k, v in res.items() if k not in ("confusion",)}
-        (training.results_dir(CASE) / "result.json").write_text(json.dumps(out, indent=1))
-        sc, bl = res["scores"], res["baseline"]
-        print(f"seismic {cfg.model} spatial={cfg.spatial} on {res['world_size']} rank(s), cube {tuple(cfg.cube)}: "
-              f"pixel acc {sc['pixel_acc']:.3f}, mean class acc {sc['mean_class_acc']:.3f}, "
-              f"mean IoU {sc['mean_iou']:.3f}, FW-IoU {sc['fw_iou']:.3f} "
-              f"(majority class: pixel acc {bl['pixel_acc']:.3f}, FW-IoU {bl['fw_iou']:.3f}); "
-              f"{res['seconds']:.1f} s, activations {res['activation_mb']:.1f} MB/rank")
-    return 0
+def summary(res: dict) -> dict:
+    """What the command line prints (rank 0): the scores against the majority class, time and memory."""
+    keys = ("model", "spatial", "world_size", "device", "cube", "seconds", "activation_mb")
+    return {**{k: res[k] for k in keys}, "scores": res["scores"], "baseline": res["baseline"]}
+
+
+def cli(argv, scale=None, backend: str | None = None) -> int:
+    """``python -m ddlcourse run seismic [--fresh] [model=2d|3d spatial=S epochs=E cube=D,X,Y ...]``."""
+    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- the memory wall, in numbers
@@ -370,7 +318,7 @@ def memory_curve(cfg, edges, spatial: int = 1) -> list[dict]:
 
     ``depth`` is the training cube's (``cfg.cube[0]``); with ``spatial`` ranks each holds ``depth/spatial``.
     """
-    model = build_model(SimpleNamespace(**{**vars(cfg), "model": "3d"}))
+    model = models.cube_model(cfg.width, cfg.levels, data.N_FACIES)
     d = cfg.cube[0]
     rows = []
     for e in edges:

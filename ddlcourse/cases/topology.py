@@ -3,11 +3,13 @@
     cfg = topology.make_config(scale="smoke", optimizer="lamb", global_batch=16)
     result = topology.train(cfg)                                    # on every rank
 
-    mpiexec -n 2 python -m ddlcourse run topology --scale smoke --backend ddp --optimizer adam
+    mpiexec -n 2 python -m ddlcourse run topology --scale smoke --backend ddp [--fresh] [optimizer=lamb epochs=4]
 
 The data (``ddlcourse.data.topology``) are made in parallel, each rank solving its own chunks with the SIMP
-solver, then shared: like ``DistributedSampler``, every rank then reads its slice of each global batch,
-so the sequence of global batches, and therefore the loss curve, does not depend on the number of ranks.
+solver, then shared: like ``DistributedSampler``, every rank then reads its slice of each global batch
+(:meth:`ddlcourse.training.RunContext.batches`), so the sequence of global batches, and therefore the loss
+curve, does not depend on the number of ranks. Config, command line, device, timers, checkpoints and results
+come from the course's case skeleton (:mod:`ddlcourse.training`).
 
 Metrics (reduced over ranks from sufficient statistics, never taken from rank 0's shard):
 IoU and accuracy of the solid phase (threshold 0.5), the volume-fraction error, and the physics metric:
@@ -15,10 +17,9 @@ the compliance of the predicted design, re-solved by finite elements, over the c
 """
 from __future__ import annotations
 
-import argparse
-import json
-import time
+import sys
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -27,45 +28,61 @@ import torch.nn.functional as F
 from ddlcourse import config, metrics, training
 from ddlcourse.data import topology as data
 from ddlcourse.models.topology import UNet, n_parameters
+from ddlcourse.optim import OPTIMIZERS
 from ddlcourse.physics import simp
 
 CASE = "topology"
+LR_RULES = ("none", "linear", "sqrt")
 
 
-@dataclass
-class Config:
-    scale: str = "smoke"
-    backend: str = "ddp"
-    ranks: int | None = None          # first k MPI ranks (scaling inside one cluster); None = all
-    seed: int = 0
+@dataclass(kw_only=True)
+class Config(training.CaseConfig):
+    """The ``topology`` sizes at a scale, and this lab's run options."""
+
+    CASE: ClassVar[str] = CASE
+    SECTION: ClassVar[str] = "topology"
+    MIN_EPOCHS: ClassVar[int] = 0     # epochs=0: evaluate the weights of init_from (zero-shot transfer)
     # data
-    ny: int = 16
-    nx: int = 32
-    n_train: int = 32
-    n_val: int = 8
-    chunk_size: int = 4
-    maxloop: int = 20
+    ny: int
+    nx: int
+    n_train: int
+    n_val: int
+    chunk_size: int
+    maxloop: int
     resolution: int = 1               # grid multiplier (2 = the fine grid of the resolution transfer)
     train_seed: int = 1               # data seeds: train and validation sets never overlap
     val_seed: int = 2
     # model and optimisation
-    width: int = 8
-    depth: int = 2
+    width: int
+    depth: int
     optimizer: str = "adam"
-    lr: float = 3e-3
+    lr: float
     lr_rule: str = "none"             # scale lr with global_batch / base_batch: none | linear | sqrt
-    base_batch: int = 8
+    base_batch: int                   # default: the scale's global batch
     warmup_steps: int = 0
-    global_batch: int = 8
-    epochs: int = 3
-    target_loss: float = 0.5          # for "steps to target loss"
+    global_batch: int
+    epochs: int
+    target_loss: float                # for "steps to target loss"
     # run control
-    run_name: str = "default"
-    resume: bool = True               # continue from the last checkpoint of run_name
     init_from: str | None = None      # start from the weights of another run (fine-tuning)
     physics_metric: bool = True
     max_physics: int = 64             # at most this many validation designs are re-solved
     use_cache: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.optimizer.lower() not in OPTIMIZERS:
+            raise training.ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.lr_rule not in LR_RULES:
+            raise training.ConfigError(f"unknown lr_rule {self.lr_rule!r}; choose one of {', '.join(LR_RULES)}")
+        if self.resolution < 1:
+            raise training.ConfigError(f"resolution={self.resolution}: must be >= 1")
+        f = 2 ** self.depth
+        if self.ny % f or self.nx % f:
+            raise training.ConfigError(f"grid {self.ny}x{self.nx} must be divisible by 2**depth = {f}")
+        if self.global_batch > self.n_train:
+            raise training.ConfigError(f"global_batch {self.global_batch} is larger than the training set "
+                                       f"(n_train={self.n_train})")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -81,16 +98,20 @@ class Config:
 
 
 def make_config(scale: str | None = None, **overrides) -> Config:
-    """The config at a scale profile (section ``topology`` of :mod:`ddlcourse.config`), with overrides."""
-    s = config.sizes(CASE, scale=scale)
-    fields = {k: getattr(s, k) for k in ("ny", "nx", "n_train", "n_val", "chunk_size", "maxloop", "width",
-                                         "depth", "epochs", "global_batch", "lr", "target_loss")}
-    fields.update(base_batch=s.global_batch, scale=s.scale)
-    unknown = set(overrides) - set(Config.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"unknown topology config field(s) {sorted(unknown)}")
-    fields.update(overrides)
-    return Config(**fields)
+    """The config at a scale profile (section ``topology`` of :mod:`ddlcourse.config`), with overrides.
+
+    ``base_batch`` (of the learning-rate scaling rule) defaults to the scale's global batch.
+    """
+    try:
+        base = config.sizes(Config.SECTION, scale).global_batch
+    except config.ScaleError as e:
+        raise training.ConfigError(str(e)) from None
+    return training.make_config(Config, Config.SECTION, scale, **{"base_batch": base, **overrides})
+
+
+def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
+    """``python -m ddlcourse run topology [--fresh] [key=value ...]`` (see :func:`ddlcourse.training.case_cli`)."""
+    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -122,15 +143,11 @@ def compliance_ratios(pred: np.ndarray, params: np.ndarray, c_simp: np.ndarray, 
     return np.asarray(out)
 
 
-def _reduce(x, comm) -> np.ndarray:
-    return metrics.allreduce_sum(np.asarray(x, np.float64), comm)
-
-
 # --------------------------------------------------------------------------- training
-def _batch(d: dict, idx: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.from_numpy(d["inputs"][idx]).to(device)                 # (micro_batch, C, ny, nx)
-    y = torch.from_numpy(d["target"][idx]).unsqueeze(1).to(device)    # (micro_batch, 1, ny, nx)
-    return x, y
+def _batch(d: dict, idx: np.ndarray, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(d["inputs"][idx])                     # (micro_batch, C, ny, nx)
+    y = torch.from_numpy(d["target"][idx]).unsqueeze(1)        # (micro_batch, 1, ny, nx)
+    return ctx.to((x, y))
 
 
 def _lr(cfg: Config) -> float:
@@ -150,15 +167,14 @@ def evaluate(model, val: dict, ctx, cfg: Config, mean_design: np.ndarray | None 
     own = np.arange(ctx.rank, len(val["target"]), ctx.world_size)     # disjoint, nothing missing
     preds, loss_sum = [], 0.0
     for s in range(0, len(own), 16):
-        x, y = _batch(val, own[s:s + 16], ctx.device)
+        x, y = _batch(val, own[s:s + 16], ctx)
         logits = model(x)
         loss_sum += F.binary_cross_entropy_with_logits(logits, y, reduction="sum").item() / y[0].numel()
-        preds.append(torch.sigmoid(logits)[:, 0].cpu().numpy())
+        preds.append(ctx.numpy(torch.sigmoid(logits)[:, 0]))
     pred = np.concatenate(preds) if preds else np.zeros((0, *cfg.shape), np.float32)
     target = val["target"][own]
-    stats = _reduce(design_stats(pred, target), ctx.comm)
-    out = scores(stats)
-    out["loss"] = float(_reduce([loss_sum], ctx.comm)[0] / len(val["target"]))
+    out = scores(ctx.sum(design_stats(pred, target)))
+    out["loss"] = float(ctx.sum(loss_sum) / len(val["target"]))
     if cfg.physics_metric:
         keep = own[own < cfg.max_physics]
         r = compliance_ratios(pred[: len(keep)], val["params"][keep], val["compliance"][keep], cfg.shape)
@@ -166,7 +182,7 @@ def evaluate(model, val: dict, ctx, cfg: Config, mean_design: np.ndarray | None 
         out.update(compliance_ratio_mean=float(allr.mean()), compliance_ratio_median=float(np.median(allr)))
     if mean_design is not None:   # the trivial baseline: the mean design of the training set, for every input
         base = np.broadcast_to(mean_design, target.shape)
-        b = scores(_reduce(design_stats(base, target), ctx.comm))
+        b = scores(ctx.sum(design_stats(base, target)))
         out.update({f"baseline_{k}": v for k, v in b.items()})
         if cfg.physics_metric:
             keep = own[own < cfg.max_physics]
@@ -177,36 +193,33 @@ def evaluate(model, val: dict, ctx, cfg: Config, mean_design: np.ndarray | None 
 
 
 def train(cfg: Config, progress_file: str | None = None) -> dict | None:
-    """Train (or resume) the surrogate; returns the same result dict on every rank that takes part."""
-    ctx = training.setup(cfg.backend, ranks=cfg.ranks, seed=cfg.seed, progress_file=progress_file)
+    """Train (or resume) the surrogate; returns the same result dict on every rank that takes part.
+
+    Rank 0 writes the plain numbers to ``results/topology/result-<run_name>.json``.
+    """
+    ctx = training.setup(cfg, progress_file=progress_file)
     if ctx is None:
         return None
     torch.set_num_threads(1)
     G, n = cfg.global_batch, ctx.world_size
     if G % n:
         raise ValueError(f"global_batch {G} must be divisible by the number of ranks {n}")
-    micro = G // n
     # data: each rank solves its own chunks (cached), then the shards are shared (see module docstring)
-    t0 = time.perf_counter()
+    t0 = ctx.now()
     tr = data.gather(cfg.data_settings("train"), ctx.comm, use_cache=cfg.use_cache)
     val = data.gather(cfg.data_settings("val"), ctx.comm, use_cache=cfg.use_cache)
-    t_data = time.perf_counter() - t0
+    t_data = ctx.now() - t0
     steps_per_epoch = cfg.n_train // G
-    if steps_per_epoch < 1:
-        raise ValueError(f"global_batch {G} is larger than the training set ({cfg.n_train})")
 
-    model = UNet(in_ch=tr["inputs"].shape[1], width=cfg.width, depth=cfg.depth, dim=len(cfg.shape)).to(ctx.device)
-    if cfg.init_from:
-        ck = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.init_from, ctx)
-        done, _ = ck.load(model)
+    model = ctx.to(UNet(in_ch=tr["inputs"].shape[1], width=cfg.width, depth=cfg.depth, dim=len(cfg.shape)))
+    if cfg.init_from:             # another run's weights (never cleared by fresh=True)
+        done, _ = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.init_from, ctx).load(model)
         if done == 0:
-            raise ValueError(f"init_from={cfg.init_from!r}: no checkpoint in {ck.folder}; train that run first")
+            raise ValueError(f"init_from={cfg.init_from!r}: that run has no checkpoint; train it first")
     opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg))
     from ddlcourse.schedules import with_warmup
     sched = with_warmup(opt, cfg.warmup_steps)
-    ckpt = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.run_name, ctx)
-    if not cfg.resume:
-        ckpt.clear()
+    ckpt = ctx.checkpointer(CASE, epochs=cfg.epochs)                  # fresh=True clears it
     start_epoch, extra = ckpt.load(model, opt)
     history = list(extra.get("history", []))            # (step, global loss, seconds)
     step = int(extra.get("step", 0))
@@ -217,33 +230,41 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
     bar = ctx.progress(max(0, cfg.epochs - start_epoch) * steps_per_epoch, desc=f"{CASE} {cfg.optimizer} G={G}")
     t_train = float(extra.get("seconds", 0.0))
     for epoch in range(start_epoch, cfg.epochs):
-        order = np.random.default_rng([cfg.seed, epoch]).permutation(cfg.n_train)   # same on every rank
-        te = time.perf_counter()
-        for s in range(steps_per_epoch):
-            glob = order[s * G:(s + 1) * G]
-            x, y = _batch(tr, glob[ctx.rank * micro:(ctx.rank + 1) * micro], ctx.device)
+        te = ctx.now()
+        for idx in ctx.batches(cfg.n_train, G, epoch, drop_last=True):   # my share of each global batch
+            x, y = _batch(tr, idx, ctx)
             loss = F.binary_cross_entropy_with_logits(ddp_model(x), y)   # mean over my micro-batch
             opt.zero_grad()
             loss.backward()                                              # gradients averaged over ranks
             opt.step()
             sched.step()
             step += 1
-            gloss = ctx.comm.allreduce(loss.item()) / n                  # equal micro-batches: mean of means
-            history.append((step, gloss, t_train + time.perf_counter() - te))
+            gloss = ctx.mean(loss.item())                                # equal micro-batches: mean of means
+            history.append((step, gloss, t_train + ctx.now() - te))
             bar.update(loss=gloss)
-        t_train += time.perf_counter() - te
+        t_train += ctx.now() - te
         ckpt.save(epoch + 1, model, opt, history=history, step=step, seconds=t_train)
     bar.close()
 
     mean_design = tr["target"].mean(0)
     ev = evaluate(model, val, ctx, cfg, mean_design)
     hit = [h[0] for h in history if h[1] <= cfg.target_loss]
-    return dict(world_size=n, optimizer=cfg.optimizer, global_batch=G, lr=_lr(cfg), epochs=cfg.epochs,
-                steps=step, samples=step * G, seconds=t_train, data_seconds=t_data,
-                steps_to_target=hit[0] if hit else None,
-                seconds_to_target=next((h[2] for h in history if h[1] <= cfg.target_loss), None),
-                history=history, metrics=ev, n_params=n_parameters(model), shape=list(cfg.shape),
-                run_name=cfg.run_name)
+    res = dict(world_size=n, optimizer=cfg.optimizer, global_batch=G, lr=_lr(cfg), epochs=cfg.epochs,
+               steps=step, samples=step * G, seconds=t_train, data_seconds=t_data,
+               steps_to_target=hit[0] if hit else None,
+               seconds_to_target=next((h[2] for h in history if h[1] <= cfg.target_loss), None),
+               history=history, metrics=ev, n_params=n_parameters(model), shape=list(cfg.shape),
+               run_name=cfg.run_name)
+    ctx.write_result(CASE, summary(res))
+    return res
+
+
+def summary(res: dict) -> dict:
+    """A result without its per-step history, plus the final loss: for printing and the result file."""
+    out = training.summary(res)
+    out["shape"] = res["shape"]
+    out["final_loss"] = res["history"][-1][1] if res["history"] else None
+    return out
 
 
 def predict(cfg: Config, split: str = "val", n: int = 4) -> dict:
@@ -258,33 +279,8 @@ def predict(cfg: Config, split: str = "val", n: int = 4) -> dict:
     return dict(inputs=d["inputs"][:n], target=d["target"][:n], pred=pred)
 
 
-# --------------------------------------------------------------------------- command line
-def cli(argv: list[str], scale: str | None = None, backend: str = "ddp") -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddlcourse run topology",
-                                 description="Train the topology-optimisation surrogate (run under mpiexec/srun).")
-    ap.add_argument("--optimizer", default="adam", help="sgd | adam | lars | lamb | shampoo | soap")
-    ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--global-batch", type=int, default=None)
-    ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--run-name", default="cli")
-    ap.add_argument("--fresh", action="store_true", help="ignore existing checkpoints of this run")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    over = {k: v for k, v in dict(lr=a.lr, global_batch=a.global_batch, epochs=a.epochs).items() if v is not None}
-    cfg = make_config(scale, backend=backend, optimizer=a.optimizer, run_name=a.run_name, resume=not a.fresh,
-                      seed=a.seed, **over)
-    res = train(cfg)
-    from ddlcourse import dist
-    if res is not None and dist.rank() == 0:
-        summary = {k: v for k, v in res.items() if k != "history"}
-        summary["final_loss"] = res["history"][-1][1] if res["history"] else None
-        print(json.dumps(summary, indent=1, default=float))
-    dist.shutdown()
-    return 0
-
-
 __all__ = ["Config", "make_config", "train", "evaluate", "predict", "design_stats", "scores",
-           "compliance_ratios", "cli"]
+           "compliance_ratios", "cli", "summary"]
 
 
 # --------------------------------------------------------------------------- pictures

@@ -289,13 +289,62 @@ def make_chunk(chunk_id: int, n: int, rng: np.random.Generator, frames: int, siz
             "scenario": np.array(scen, np.int64)[order], "min_ttc": np.array(ttc, np.float32)[order]}
 
 
-def generate(n_clips: int, frames: int, size: int, seed: int = 0, chunk_size: int = 23, rank: int = 0,
-             world_size: int = 1, use_cache: bool = True, steps: int = 40) -> dict:
-    """This rank's share of the clips (see :mod:`ddlcourse.data.cache`)."""
+CHUNK = 23                                     # clips per generated chunk: one chunk holds the quotas 18 : 4 : 1
+
+
+def _check_sizes(frames: int, size: int) -> None:
     if frames < 2 or size < 16:
         raise ValueError(f"need frames >= 2 and size >= 16, got frames={frames}, size={size}")
+
+
+def _load(settings: dict, chunk_ids, frames: int, size: int, steps: int, use_cache: bool) -> list[dict]:
+    """The chunks ``chunk_ids`` of the data set ``settings``, each made or read from the cache on its own.
+
+    ``cache.load_or_make`` with ``world_size`` = the number of chunks hands "rank" ``c`` exactly chunk ``c``.
+    """
+    total = cache.n_chunks(settings["n_items"], settings["chunk_size"])
+    return [cache.load_or_make("driving", VERSION, settings,
+                               lambda cid, n, rng: make_chunk(cid, n, rng, frames, size, steps),
+                               rank=c, world_size=total, use_cache=use_cache) for c in chunk_ids]
+
+
+def generate(n_clips: int, frames: int, size: int, seed: int = 0, chunk_size: int = CHUNK, rank: int = 0,
+             world_size: int = 1, use_cache: bool = True, steps: int = 40) -> dict:
+    """This rank's share of the clips: the chunks ``rank, rank + world_size, ...`` (:mod:`ddlcourse.data.cache`)."""
+    _check_sizes(frames, size)
     settings = dict(n_items=n_clips, chunk_size=chunk_size, seed=seed, frames=frames, size=size, steps=steps)
     return cache.load_or_make(
         "driving", VERSION, settings,
         lambda cid, n, rng: make_chunk(cid, n, rng, frames, size, steps),
         rank=rank, world_size=world_size, use_cache=use_cache)
+
+
+def chunks_of(start: int, stop: int, chunk_size: int = CHUNK) -> range:
+    """Ids of the chunks that hold clips ``start .. stop - 1``."""
+    return range(start // chunk_size, -(-stop // chunk_size)) if stop > start else range(0)
+
+
+def load_clips(n_clips: int, start: int, stop: int, frames: int, size: int, seed: int = 0,
+               chunk_size: int = CHUNK, use_cache: bool = True, steps: int = 40) -> dict:
+    """Clips ``start .. stop - 1`` of the data set of ``n_clips``: only the chunks that hold them are made or
+    read, so a rank holds its own block and nothing more. The clips are those of :func:`generate`."""
+    _check_sizes(frames, size)
+    if not 0 <= start <= stop <= n_clips:
+        raise ValueError(f"clips {start}..{stop} lie outside the data set of {n_clips} clips")
+    settings = dict(n_items=n_clips, chunk_size=chunk_size, seed=seed, frames=frames, size=size, steps=steps)
+    ids = chunks_of(start, stop, chunk_size)
+    if not ids:                                  # an empty block (more replicas than clips): right shapes
+        return {"video": np.zeros((0, len(VIEWS), frames, size, size), np.float16),
+                "label": np.zeros(0, np.int64), "scenario": np.zeros(0, np.int64), "min_ttc": np.zeros(0, np.float32)}
+    parts = _load(settings, ids, frames, size, steps, use_cache)
+    first = ids[0] * chunk_size
+    return {k: np.concatenate([p[k] for p in parts])[start - first:stop - first] for k in parts[0]}
+
+
+def make_chunks(n_clips: int, chunk_ids, frames: int, size: int, seed: int = 0, chunk_size: int = CHUNK,
+                steps: int = 40) -> None:
+    """Make (and cache) the chunks ``chunk_ids``, keeping nothing in memory: the first pass of a sharded load."""
+    _check_sizes(frames, size)
+    settings = dict(n_items=n_clips, chunk_size=chunk_size, seed=seed, frames=frames, size=size, steps=steps)
+    for c in chunk_ids:
+        _load(settings, [c], frames, size, steps, use_cache=True)

@@ -17,12 +17,13 @@ sends each feature gradient back; the branch ranks then run their backwards. Sen
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as tdist
 from torch import nn
+
+from ddlcourse.device import now, rank_device
 
 
 def placement(n_branches: int, mp: int) -> tuple[list[int], int]:
@@ -56,7 +57,8 @@ class BranchParallel:
     """This rank's part of a branch-parallel model (see the module docstring).
 
     ``model`` must have ``encoders`` (a ModuleList of branches) and ``head``; every rank builds the full model
-    with the same seed, then keeps only its own modules.
+    with the same seed, moves it to its device, then keeps only its own modules. Received features and
+    gradients land on ``device`` (default: the device of the model's parameters).
     """
 
     model: nn.Module
@@ -66,8 +68,13 @@ class BranchParallel:
     dp_group: object = None        # ranks holding the same part of the model in the other replicas
     mp_group: object = None        # the ranks of this replica
     events: list[Event] = field(default_factory=list)
+    device: object = None
 
     def __post_init__(self):
+        if self.device is None:
+            first = next(self.model.parameters(), None)
+            self.device = first.device if first is not None else rank_device()
+        self.device = torch.device(self.device)
         self.owners, self.head_owner = placement(len(self.model.encoders), self.mp)
         self.my_branches = [b for b, o in enumerate(self.owners) if o == self.mp_index]
         self.has_head = self.head_owner == self.mp_index
@@ -82,8 +89,11 @@ class BranchParallel:
     def parameters(self):
         return [p for p in self.model.parameters()]
 
+    def _now(self) -> float:
+        return now(self.device)          # synchronises a GPU first: the event ends when its kernels do
+
     def _log(self, kind, micro, t0):
-        self.events.append(Event(tdist.get_rank(), kind, micro, t0, time.perf_counter()))
+        self.events.append(Event(tdist.get_rank(), kind, micro, t0, self._now()))
 
     def step(self, video: torch.Tensor, target: torch.Tensor, loss_fn, micro_batches: int = 1) -> float:
         """Forward and backward of one replica batch; gradients are left in ``.grad`` (averaged over dp).
@@ -100,14 +110,14 @@ class BranchParallel:
         # 1) branch forwards, sent to the head as they finish
         for m, v in enumerate(vids):
             for br in self.my_branches:
-                t0 = time.perf_counter()
+                t0 = self._now()
                 f = self.model.encoders[br](v[:, br:br + 1])
                 self._log("F", m, t0)
                 feats_out[(m, br)] = f
                 if not self.has_head:
                     keep.append(f.detach().contiguous())
                     pending.append(tdist.isend(keep[-1], self.head_rank))
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         grads_back = {}
         # 2) the head: per micro-batch, gather features, loss, backward, send feature gradients back
         if self.has_head:
@@ -117,10 +127,11 @@ class BranchParallel:
                     if owner == self.mp_index:
                         parts.append(feats_out[(m, br)])
                     else:
-                        buf = torch.empty(vids[m].shape[0], self.model.head.mlp[0].in_features // len(self.owners))
+                        buf = torch.empty(vids[m].shape[0], self.model.head.mlp[0].in_features // len(self.owners),
+                                          device=self.device)
                         tdist.recv(buf, self.mp_ranks[owner])
                         parts.append(buf.requires_grad_(True))
-                t0 = time.perf_counter()
+                t0 = self._now()
                 logits = self.model.head(torch.cat(parts, dim=1))
                 loss = loss_fn(logits, tgts[m]) / b
                 loss.backward()
@@ -138,7 +149,7 @@ class BranchParallel:
                     continue  # its gradient already flowed through the local head's backward
                 g = torch.empty_like(f)
                 tdist.recv(g, self.head_rank)
-                t0 = time.perf_counter()
+                t0 = self._now()
                 f.backward(g)
                 self._log("B", m, t0)
         for p in pending:
@@ -151,7 +162,7 @@ class BranchParallel:
                     tdist.all_reduce(p.grad, group=self.dp_group)
                     p.grad.div_(n)
         # the replica's loss, known on the head rank: share it within the replica
-        out = torch.tensor([total.item()])
+        out = total.reshape(1).clone()       # on the device: no .item() before the broadcast
         if self.mp > 1:
             tdist.broadcast(out, self.head_rank, group=self.mp_group)
         return float(out.item())

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.device import rank_device
+
 
 @dataclass
 class Mesh2D:
@@ -54,21 +56,24 @@ def layout(dp: int, tp: int) -> list[list[int]]:
 
 
 def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: int = 16, hidden: int = 32,
-                               seed: int = 0) -> dict:
+                               seed: int = 0, device=None) -> dict:
     """On every rank: one step of a tensor-parallel MLP (tp) trained data-parallel (dp) against serial.
 
+    Everything lives on ``device`` (default: this rank's, ``dist.init().device``).
     Returns the largest differences of the loss and of this rank's weight-gradient slices, and its coordinates.
     """
     from ddlcourse import dist
     from ddlcourse.parallel.tensor import ParallelMLP, serial_mlp
 
     dist.init(horovod=False)
+    device = rank_device(device)
     mesh = build_mesh(dp, tp)
     if global_batch % dp:
         raise ValueError(f"global_batch {global_batch} is not divisible by dp={dp}")
-    X = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 1))
-    Y = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 2))
-    mlp = serial_mlp(dim, hidden, seed)
+    # drawn with CPU generators (the same numbers on any device), then moved
+    X = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    Y = torch.randn(global_batch, dim, generator=torch.Generator().manual_seed(seed + 2)).to(device)
+    mlp = serial_mlp(dim, hidden, seed, device=device)
     ser_loss = nn.functional.mse_loss(mlp(X), Y)
     ser_loss.backward()
 
@@ -80,7 +85,7 @@ def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: in
     for p in pmlp.parameters():                           # data parallelism: mean over the dp group only
         tdist.all_reduce(p.grad, group=mesh.dp_group)
         p.grad /= dp
-    lt = torch.tensor([loss.item()])
+    lt = loss.detach().reshape(1).clone()                 # on the device, float32 like the loss
     tdist.all_reduce(lt, group=mesh.dp_group)
     k = hidden // tp
     t = mesh.tp_rank

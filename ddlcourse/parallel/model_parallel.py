@@ -22,6 +22,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.device import now, rank_device
+
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
 _HEADER = 9          # dtype code, ndim, then up to 7 sizes
 
@@ -57,6 +59,8 @@ def send_tensor(t: torch.Tensor, dst: int, group=None, tag: int = 0) -> tuple:
     """Non-blocking send of ``t`` to group rank ``dst``; returns ``(requests, buffers)``: keep both until the requests are waited on."""
     if t.dim() > _HEADER - 2:
         raise ValueError(f"send_tensor handles up to {_HEADER - 2} dims, got {t.dim()}")
+    # The header stays on the host whatever t's device (gloo carries it): the receiver reads its numbers
+    # to allocate the buffer, and a header on a GPU would cost a device-to-host copy per message.
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0], header[1] = _DTYPES.index(t.dtype), t.dim()
     header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
@@ -65,13 +69,15 @@ def send_tensor(t: torch.Tensor, dst: int, group=None, tag: int = 0) -> tuple:
     return [tdist.isend(header, g, group=group, tag=tag), tdist.isend(t, g, group=group, tag=tag)], (header, t)
 
 
-def recv_tensor(src: int, group=None, tag: int = 0) -> torch.Tensor:
-    """Blocking receive of a tensor sent with :func:`send_tensor` from group rank ``src``."""
-    header = torch.empty(_HEADER, dtype=torch.int64)
+def recv_tensor(src: int, group=None, tag: int = 0, device=None) -> torch.Tensor:
+    """Blocking receive of a tensor sent with :func:`send_tensor` from group rank ``src``, onto ``device``
+    (default: this rank's)."""
+    device = rank_device(device)
+    header = torch.empty(_HEADER, dtype=torch.int64)     # on the host, as send_tensor sends it
     g = _global(group, src)
     tdist.recv(header, g, group=group, tag=tag)
     dtype, ndim = _DTYPES[int(header[0])], int(header[1])
-    t = torch.empty([int(s) for s in header[2:2 + ndim]], dtype=dtype)
+    t = torch.empty([int(s) for s in header[2:2 + ndim]], dtype=dtype, device=device)
     tdist.recv(t, g, group=group, tag=tag)
     return t
 
@@ -98,15 +104,16 @@ class Timeline:
     """Events ``dict(rank, kind, micro_batch, start, stop)`` in seconds of ``time.perf_counter``.
 
     ``kind`` is ``"F"`` (forward), ``"B"`` (backward), or ``"wait"``. On one host all processes share the clock.
+    The clock is read after synchronising ``device`` (on a GPU the kernels run asynchronously).
     """
 
-    def __init__(self, rank: int):
-        self.rank, self.events = rank, []
+    def __init__(self, rank: int, device=None):
+        self.rank, self.events, self.device = rank, [], device
 
     def record(self, kind: str, micro_batch: int, fn, *args):
-        t0 = time.perf_counter()
+        t0 = now(self.device)
         out = fn(*args)
-        self.events.append(dict(rank=self.rank, kind=kind, micro_batch=micro_batch, start=t0, stop=time.perf_counter()))
+        self.events.append(dict(rank=self.rank, kind=kind, micro_batch=micro_batch, start=t0, stop=now(self.device)))
         return out
 
 
@@ -137,16 +144,18 @@ def _emulate(delay_s: float):
 
 
 # --------------------------------------------------------------------------- one naive model-parallel step
-def train_step(stage: nn.Module, x, y, loss_fn, group=None, delay_s: float = 0.0) -> dict:
+def train_step(stage: nn.Module, x, y, loss_fn, group=None, delay_s: float = 0.0, device=None) -> dict:
     """Forward and backward of one batch through the stages (rank ``i`` of ``group`` runs stage ``i``).
 
     ``x`` is used on the first stage only, ``y`` and ``loss_fn`` on the last. Parameter gradients are left in
     ``stage``'s parameters (step your optimizer after). ``delay_s`` adds emulated compute per forward
-    (twice that per backward). Returns ``dict(loss, events)``: the loss on every rank, this rank's events.
+    (twice that per backward). ``device``: where ``stage`` lives (default: this rank's device); activations
+    arrive there. Returns ``dict(loss, events)``: the loss on every rank, this rank's events.
     """
+    device = rank_device(device)
     r, p = tdist.get_rank(group), tdist.get_world_size(group)
-    tl, snd = Timeline(r), Sender(group)
-    inp = x if r == 0 else recv_tensor(r - 1, group).requires_grad_(True)
+    tl, snd = Timeline(r, device), Sender(group)
+    inp = x if r == 0 else recv_tensor(r - 1, group, device=device).requires_grad_(True)
 
     def fwd():
         out = stage(inp)
@@ -156,7 +165,7 @@ def train_step(stage: nn.Module, x, y, loss_fn, group=None, delay_s: float = 0.0
     out = tl.record("F", 0, fwd)
     if r < p - 1:
         snd.send(out, r + 1)
-        grad_out = recv_tensor(r + 1, group)
+        grad_out = recv_tensor(r + 1, group, device=device)
 
     def bwd():
         if r == p - 1:
@@ -169,39 +178,47 @@ def train_step(stage: nn.Module, x, y, loss_fn, group=None, delay_s: float = 0.0
     if r > 0:
         snd.send(inp.grad, r - 1)
     snd.wait_all()
-    loss = torch.tensor([out.item() if r == p - 1 else 0.0])
+    loss = torch.zeros(1, device=device)
+    if r == p - 1:
+        loss.copy_(out.detach().reshape(1))                  # stays on the device: no .item() before the broadcast
     tdist.broadcast(loss, _global(group, p - 1), group=group)
     return dict(loss=loss.item(), events=tl.events)
 
 
 # --------------------------------------------------------------------------- check against serial
-def demo_model(seed: int = 0, dim: int = 16, hidden: int = 32, n_layers: int = 8, n_classes: int = 4) -> nn.Sequential:
-    """A deep MLP as an ``nn.Sequential`` of (Linear, Tanh) blocks, the same on every rank for ``seed``."""
+def demo_model(seed: int = 0, dim: int = 16, hidden: int = 32, n_layers: int = 8, n_classes: int = 4,
+               device=None) -> nn.Sequential:
+    """A deep MLP as an ``nn.Sequential`` of (Linear, Tanh) blocks, the same on every rank for ``seed``;
+    on ``device`` (default: this rank's). Initialised on the CPU, so the weights do not depend on the device."""
     torch.manual_seed(seed)
     layers, d = [], dim
     for _ in range(n_layers - 1):
         layers.append(nn.Sequential(nn.Linear(d, hidden), nn.Tanh()))
         d = hidden
     layers.append(nn.Linear(d, n_classes))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(rank_device(device))
 
 
-def compare_with_serial(batch: int = 32, n_layers: int = 8, delay_s: float = 0.0, group=None, seed: int = 0) -> dict:
+def compare_with_serial(batch: int = 32, n_layers: int = 8, delay_s: float = 0.0, group=None, seed: int = 0,
+                        device=None) -> dict:
     """Run on every rank of ``group``: one model-parallel step against the serial step on the same batch.
 
+    Everything lives on ``device`` (default: this rank's).
     Returns ``dict(loss_diff, grad_diff, loss, events)`` (grad_diff over this rank's stage).
     """
     from ddlcourse.data.toy import teacher_classification
 
+    device = rank_device(device)
     X, Y = teacher_classification(batch, dim=16, n_classes=4, seed=seed)
-    serial = demo_model(seed, n_layers=n_layers)
+    X, Y = X.to(device), Y.to(device)
+    serial = demo_model(seed, n_layers=n_layers, device=device)
     loss_fn = nn.CrossEntropyLoss()
     ser_loss = loss_fn(serial(X), Y)
     ser_loss.backward()
     r, p = tdist.get_rank(group), tdist.get_world_size(group)
-    model = demo_model(seed, n_layers=n_layers)
+    model = demo_model(seed, n_layers=n_layers, device=device)
     stage = stage_module(model, r, p)
-    res = train_step(stage, X, Y, loss_fn, group, delay_s)
+    res = train_step(stage, X, Y, loss_fn, group, delay_s, device=device)
     ser_stage = stage_module(serial, r, p)
     gd = max((a.grad - b.grad).abs().max().item() for a, b in zip(stage.parameters(), ser_stage.parameters()))
     return dict(loss_diff=abs(res["loss"] - ser_loss.item()), grad_diff=gd, loss=res["loss"],

@@ -33,6 +33,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
+from ddlcourse.device import rank_device
+
 
 # --------------------------------------------------------------------------- group helpers
 def _group_info(group):
@@ -192,20 +194,24 @@ def gather_spatial(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- check against the serial layer
 def compare_with_serial(ndim: int = 2, size: int = 16, channels: int = 3, kernel: int = 3, dim: int = 2,
-                        dilation: int = 1, pool: bool = True, seed: int = 0, group=None) -> dict:
+                        dilation: int = 1, pool: bool = True, seed: int = 0, group=None, device=None) -> dict:
     """Run on every rank of ``group``: a spatial conv (+ ReLU + local pool by 2) against the serial layers.
 
-    Returns the largest differences of the output, the input gradient and the weight gradient, each relative
-    to the largest absolute value of the serial tensor.
+    Everything lives on ``device`` (default: this rank's). Returns the largest differences of the output, the
+    input gradient and the weight gradient, each relative to the largest absolute value of the serial tensor.
     """
-    torch.manual_seed(seed)                       # same weights and input on every rank
+    device = rank_device(device)
+    torch.manual_seed(seed)                       # same weights and input on every rank (drawn on the CPU)
     Conv = nn.Conv2d if ndim == 2 else nn.Conv3d
-    conv = Conv(channels, 4, kernel, padding=dilation * (kernel - 1) // 2, dilation=dilation)
-    x = torch.randn(2, channels, *([size] * ndim), requires_grad=True)   # (batch, C, *spatial)
+    conv = Conv(channels, 4, kernel, padding=dilation * (kernel - 1) // 2, dilation=dilation).to(device)
+    x = torch.randn(2, channels, *([size] * ndim)).to(device).requires_grad_(True)   # (batch, C, *spatial)
     pool_fn = (F.max_pool2d if ndim == 2 else F.max_pool3d) if pool else (lambda t, k: t)
 
+    def weights(t):                               # fixed loss weights: a non-trivial loss
+        return torch.arange(t.numel(), device=device).reshape(t.shape).sin()
+
     y_ser = pool_fn(F.relu(conv(x)), 2)
-    (y_ser * torch.arange(y_ser.numel()).reshape(y_ser.shape).sin()).sum().backward()   # a non-trivial loss
+    (y_ser * weights(y_ser)).sum().backward()
     gx_ser, gw_ser = x.grad.clone(), conv.weight.grad.clone()
     conv.zero_grad()
 
@@ -213,7 +219,7 @@ def compare_with_serial(ndim: int = 2, size: int = 16, channels: int = 3, kernel
     sconv = (SpatialConv2d if ndim == 2 else SpatialConv3d)(conv, dim=dim, group=group)
     y_loc = pool_fn(F.relu(sconv(x_loc)), 2)      # local pooling: local size is even
     y = gather_spatial(y_loc, dim, group)
-    (y * torch.arange(y.numel()).reshape(y.shape).sin()).sum().backward()
+    (y * weights(y)).sum().backward()
     allreduce_spatial_grads(sconv, group)
     gx = gather_spatial(x_loc.grad, dim, group)
     def rel(a, b):   # relative to the largest reference value: sums over big images grow with their size

@@ -20,6 +20,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
+from ddlcourse.device import rank_device
+
 
 class _CopyToTP(torch.autograd.Function):
     """f: identity forward, allreduce-sum of the gradient backward."""
@@ -115,20 +117,26 @@ class ParallelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def serial_mlp(dim: int = 16, hidden: int = 64, seed: int = 0) -> nn.Sequential:
+def serial_mlp(dim: int = 16, hidden: int = 64, seed: int = 0, device=None) -> nn.Sequential:
+    """``Linear -> GELU -> Linear``, initialised on the CPU (the same weights on any device), on ``device``
+    (default: this rank's)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)).to(rank_device(device))
 
 
-def compare_with_serial(batch: int = 8, dim: int = 16, hidden: int = 64, group=None, seed: int = 0) -> dict:
+def compare_with_serial(batch: int = 8, dim: int = 16, hidden: int = 64, group=None, seed: int = 0,
+                        device=None) -> dict:
     """Run on every rank of ``group``: ParallelMLP against the serial MLP, and a gathered column layer.
 
+    Everything lives on ``device`` (default: this rank's).
     Returns the largest differences of the output, the input gradient and this rank's weight-gradient slices.
     """
+    device = rank_device(device)
     r, t = tdist.get_rank(group), tdist.get_world_size(group)
-    mlp = serial_mlp(dim, hidden, seed)
-    x = torch.randn(batch, dim, generator=torch.Generator().manual_seed(seed + 1), requires_grad=True)
-    w_out = torch.randn(batch, dim, generator=torch.Generator().manual_seed(seed + 2))   # loss weights
+    mlp = serial_mlp(dim, hidden, seed, device=device)
+    # drawn with CPU generators (the same numbers on any device), then moved
+    x = torch.randn(batch, dim, generator=torch.Generator().manual_seed(seed + 1)).to(device).requires_grad_(True)
+    w_out = torch.randn(batch, dim, generator=torch.Generator().manual_seed(seed + 2)).to(device)   # loss weights
     (mlp(x) * w_out).sum().backward()
     gx_ser = x.grad.clone()
     x.grad = None

@@ -1,0 +1,53 @@
+"""The rank's device, and clocks that wait for it.
+
+The course rule: every model and tensor that a rank uses lives on ``dist.init().device`` (the GPU of the
+local rank, else the CPU), and a timer waits for the device before it reads the clock. The helpers that
+notebooks run on the engines take a ``device`` argument that defaults to :func:`rank_device`, and time with
+:func:`now` (or :func:`synchronize` before ``time.perf_counter()``)::
+
+    from ddlcourse.device import now, rank_device
+    device = rank_device()                     # dist.init().device on a rank
+    model = MLP(16, 4).to(device)
+    t0 = now(device)
+    loss = model(x.to(device)).sum()
+    seconds = now(device) - t0                 # the GPU kernels are finished when the clock is read
+
+CUDA runs kernels asynchronously: without a synchronisation the clock measures how long it took to *queue*
+the work, not to do it.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def rank_device(device=None) -> torch.device:
+    """``device`` when given; else this rank's device, ``dist.init().device``.
+
+    Off the ranks (a notebook's own kernel, where nothing has initialised ``torch.distributed``) it is the
+    device ``dist.pick_device`` gives local rank 0, without starting ``torch.distributed``.
+    """
+    if device is not None:
+        return torch.device(device)
+    import torch.distributed as tdist
+
+    from ddlcourse import dist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return torch.device(dist.init(horovod=False).device)
+    return torch.device(dist.pick_device(0))
+
+
+def synchronize(device) -> None:
+    """Wait until the queued work of ``device`` is done (CUDA); nothing to wait for on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device=None) -> float:
+    """``time.perf_counter()`` read after :func:`synchronize` of ``device`` (None: read it at once)."""
+    if device is not None:
+        synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,600 @@
+"""Budget planner: will every notebook and lab of a scale profile fit the hardware it is meant for?
+
+``python -m ddlcourse plan [--scale cluster]`` prints one row per section of :data:`ddlcourse.config.PROFILES`:
+ranks, parameters, the estimated GPU memory of one rank split into weights, gradients, optimizer state,
+activations and the rest, the host memory of one node and the data one rank holds.
+
+How each number is estimated (the same text is printed under the table):
+
+* **Workloads.** A section runs several things (a serial reference, a 1-rank point of a scaling experiment,
+  the main data-parallel run ...). :data:`SECTIONS` lists, per section, the ones that hold the most memory,
+  with the real model imported from the package and the real per-rank batch shape read from the profile.
+  A row shows the workload with the largest GPU total (named in the ``workload`` column).
+* **Weights, gradients** from the parameters of the model (bytes per element from their dtype).
+  **Optimizer state**: tensors of the parameters' size per parameter -- SGD 0, SGD with momentum and LARS 1,
+  Adam, AdamW and LAMB 2, SOAP 2 plus two ``d x d`` matrices per dimension ``d`` of every parameter.
+* **Activations**: the model's forward pass and loss run on *meta* tensors of the real per-rank batch shape
+  (no memory is allocated, nothing is computed); ``torch.autograd.graph.saved_tensors_hooks`` sees every
+  tensor autograd keeps for backward, each storage counted once and the parameters left out. The batch
+  itself (inputs and targets) is counted too: it lives on the device during the step. Tested against a real
+  CPU forward+backward (:func:`ddlcourse.memory.measure`) within 10%.
+* **Other** (in the GPU total): the gradients that flow during backward, taken as twice the largest saved
+  tensor, plus :data:`CUDA_OVERHEAD` for the CUDA context, cuDNN/cuBLAS workspaces and allocator slack.
+* **Host memory per node**: (data one rank holds + :data:`PROCESS_OVERHEAD` per process) times the ranks of
+  that run on one node (nodes of :data:`GPUS_PER_NODE` GPUs). Sections that run in the notebook's own kernel
+  (no cluster) hold their model state and activations on the host as well.
+* The budgets the tests hold the ``cluster`` profile to: :data:`GPU_BUDGET` per GPU, :data:`HOST_BUDGET`
+  of host memory per rank.
+
+Sections with no meaningful device memory are listed apart, with the reason (:data:`NO_DEVICE`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ddlcourse import config
+
+GiB = 2 ** 30
+GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
+HOST_BUDGET = 64 * GiB           # host memory per rank (a node of 8 GPUs with 512 GB)
+GPUS_PER_NODE = 8                # the allocation env/slurm/README.md and env/GPU_CLUSTER.md document
+CUDA_OVERHEAD = 1 * GiB          # CUDA context + library workspaces + caching-allocator slack, per GPU
+PROCESS_OVERHEAD = 3 * GiB       # Python, torch, CUDA runtime and MPI buffers on the host, per process
+
+# tensors of the parameters' size kept per parameter; "soap" adds its preconditioner matrices (see below)
+OPT_STATES = {"none": 0, "sgd": 0, "momentum": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2, "soap": 2}
+
+# sections that hold no meaningful device memory, and why
+NO_DEVICE = {
+    "setup_check": "allreduces a vector of vector_len floats three ways; nothing else",
+    "collectives": "numpy buffers through mpi4py, on the host only: at most 3 buffers of 2**max_log2 bytes "
+                   "per rank (0.75 GiB at cluster scale)",
+    "comm_runtimes": "allreduce buffers of at most 2**max_log2 bytes and a model_mb gradient, on the host "
+                     "(gloo and MPI on CPU tensors)",
+    "param_server": "torch.distributed.rpc moves CPU tensors: the server and workers hold a small MLP on the host",
+}
+
+
+# =========================================================================== what a workload is
+@dataclass
+class Workload:
+    """One thing one rank runs: a model, its per-rank batch, the loss, the optimizer and the data it holds."""
+    label: str
+    ranks: int                                   # ranks of this run (for the host memory of a node)
+    model: Callable[[], nn.Module]               # builds the model (called under torch.device("meta"))
+    batch: Callable[[str], tuple]                # device -> (inputs, target): the per-rank batch
+    loss: Callable = None                        # (output, target) -> scalar; default cross-entropy
+    optimizer: str = "adam"
+    data_bytes: float = 0.0                      # host bytes of data this rank holds during the run
+    on_host: bool = False                        # runs in the notebook kernel: model state on the host too
+    prepare: Callable | None = None              # optional: model -> model (e.g. a halo slab), on meta
+    measured: bool = False                       # data-dependent shapes (MoE routing) have no meta value:
+                                                 # run it for real on the CPU (small models only)
+
+
+@dataclass
+class Estimate:
+    section: str
+    workload: str
+    ranks: int
+    ranks_per_node: int
+    params: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    other: int
+    data_per_rank: float
+    host_per_rank: float
+    host_per_node: float
+    on_host: bool
+    batch: str
+
+    @property
+    def gpu_total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+
+# =========================================================================== the estimators
+def _state_bytes(model: nn.Module, optimizer: str) -> int:
+    if optimizer not in OPT_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; the planner knows {', '.join(OPT_STATES)}")
+    total = 0
+    for p in model.parameters():
+        total += OPT_STATES[optimizer] * p.numel() * p.element_size()
+        if optimizer == "soap":                 # two d x d matrices (statistics, eigenbasis) per dimension
+            total += sum(2 * d * d for d in p.shape if d > 1) * p.element_size()
+    return total
+
+
+def saved_tensor_bytes(model: nn.Module, inputs, target, loss_fn=None) -> tuple[int, int]:
+    """``(bytes, largest)`` of the tensors autograd saves for backward in ``loss_fn(model(*inputs), target)``.
+
+    Works on meta tensors (an estimate, nothing allocated) and on real ones (a measurement). Each storage is
+    counted once; the parameters' storages are left out; the batch (``inputs``, ``target``) is counted once
+    whether or not autograd saves it.
+    """
+    loss_fn = loss_fn or F.cross_entropy
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    params = {id(p.untyped_storage()) for p in model.parameters()}
+    held: dict = {}                             # id -> storage; holding them keeps the ids unique
+
+    def pack(t):
+        st = t.untyped_storage()
+        if id(st) not in params:
+            held[id(st)] = st
+        return t
+
+    for t in (*inputs, target):
+        pack(t)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_fn(model(*inputs), target)
+    sizes = [st.nbytes() for st in held.values()]
+    return int(sum(sizes)), int(max(sizes, default=0))
+
+
+def _meta_model(build: Callable[[], nn.Module]) -> nn.Module:
+    """The model with meta parameters: built under ``torch.device("meta")`` (nothing allocated), or, for a
+    builder that moves its model to a real device itself, built there and then moved to meta."""
+    try:
+        with torch.device("meta"):
+            model = build()
+    except NotImplementedError:                  # "Cannot copy out of meta tensor": the builder calls .to(device)
+        model = build()
+    return model.to("meta")
+
+
+def estimate(section: str, w: Workload) -> Estimate:
+    """The memory of one rank running ``w`` (see the module docstring)."""
+    model = w.model() if w.measured else _meta_model(w.model)
+    if w.prepare is not None:
+        model = w.prepare(model)
+    inputs, target = w.batch("cpu" if w.measured else "meta")
+    act, largest = saved_tensor_bytes(model, inputs, target, w.loss)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = weights                                                # backward fills every .grad
+    opt = _state_bytes(model, w.optimizer)
+    other = 2 * largest + (0 if w.on_host else CUDA_OVERHEAD)
+    host = w.data_bytes + PROCESS_OVERHEAD + ((weights + grads + opt + act + 2 * largest) if w.on_host else 0)
+    per_node = min(w.ranks, GPUS_PER_NODE)
+    shapes = inputs if isinstance(inputs, tuple) else (inputs,)
+    return Estimate(section=section, workload=w.label, ranks=w.ranks, ranks_per_node=per_node,
+                    params=sum(p.numel() for p in model.parameters()), weights=weights, grads=grads,
+                    optimizer=opt, activations=act, other=other, data_per_rank=float(w.data_bytes),
+                    host_per_rank=float(host), host_per_node=float(host * per_node), on_host=w.on_host,
+                    batch="x".join(str(d) for d in shapes[0].shape))
+
+
+# =========================================================================== batches and losses
+def _cls(batch: int, *shape, n_classes: int = 10, dtype=torch.float32):
+    """A classification batch: inputs (batch, *shape), integer labels (batch,)."""
+    def make(device):
+        return (torch.zeros(batch, *shape, device=device, dtype=dtype),
+                torch.zeros(batch, dtype=torch.long, device=device))
+    return make
+
+
+def _dense(batch: int, in_shape, tgt_shape, tgt_dtype=torch.float32):
+    """A dense-prediction batch: inputs (batch, *in_shape), per-pixel targets (batch, *tgt_shape)."""
+    def make(device):
+        return (torch.zeros(batch, *in_shape, device=device),
+                torch.zeros(batch, *tgt_shape, device=device, dtype=tgt_dtype))
+    return make
+
+
+def _mse(out, target):
+    return F.mse_loss(out, target)
+
+
+def _bce(out, target):
+    return F.binary_cross_entropy_with_logits(out, target)
+
+
+F32, I64 = 4, 8
+
+
+# =========================================================================== one function per section
+def _mlp(dim, n_classes, hidden, depth=2, dtype=torch.float32):
+    from ddlcourse.models.small import MLP
+    return lambda: MLP(dim, n_classes, hidden=hidden, depth=depth).to(dtype)
+
+
+def _sgd(s):            # notebook 01: runs in the kernel
+    n = s.torch_samples
+    return [Workload("torch loop", 1, _mlp(16, 4, 64), _cls(s.torch_batch, 16, n_classes=4), optimizer="momentum",
+                     data_bytes=n * (16 * F32 + I64), on_host=True)]
+
+
+def _batch_size(s):     # notebook 02: runs in the kernel
+    from ddlcourse.models.small import MLP
+    n_par = sum(p.numel() for p in MLP(16, 4, hidden=64).parameters())
+    data = (s.n_train + s.n_test) * (16 * F32 + I64)
+    per_example = s.n_train * n_par * (F32 + 8 + 8)      # per-example grads, their float64 copy, the centred copy
+    b = max(max(s.batch_sizes), max(s.noise_batches), max(s.gap_batches), max(s.rule_batches))
+    return [Workload(f"batch {b}", 1, _mlp(16, 4, 64), _cls(b, 16, n_classes=4), optimizer="momentum",
+                     data_bytes=data, on_host=True),
+            Workload("per-example gradients", 1, _mlp(16, 4, 64), _cls(b, 16, n_classes=4), optimizer="momentum",
+                     data_bytes=data + per_example, on_host=True)]
+
+
+def _loss_integrity(s):
+    from ddlcourse import integrity
+
+    def model(bn):
+        return lambda: integrity.build_model(integrity.make_config(batchnorm=bn))
+    cfg = integrity.make_config()
+    data = s.n_samples * (cfg.dim * 8 + I64)
+    out = []
+    for k in (1, s.n_ranks):
+        mb = max(s.micro_batch, math.ceil(s.global_batch / k))
+        out.append(Workload(f"{k} rank(s)", k, model(True), _cls(mb, cfg.dim, n_classes=cfg.n_classes,
+                                                                  dtype=torch.float64),
+                            optimizer="momentum", data_bytes=data))
+    return out
+
+
+def _data_parallel(s):
+    data = s.n_train * (s.dim * F32 + I64)
+    return [Workload("train_way", s.n_ranks, _mlp(s.dim, 4, s.hidden), _cls(s.global_batch, s.dim, n_classes=4),
+                     optimizer="adam", data_bytes=data),      # the serial reference: the whole global batch
+            Workload("time_way", s.n_ranks, _mlp(64, 10, s.bench_hidden, s.bench_depth),
+                     _cls(s.bench_batch, 64), optimizer="momentum", data_bytes=data)]
+
+
+def _sync_batchnorm(s):
+    from ddlcourse.models.small import SmallCNN
+    img = s.image_size ** 2
+    data = (s.n_train + s.n_test) * (img * F32 + I64)
+    stat = s.n_train * s.width * img * F32                  # the kernel's first-layer activations of all images
+    gb = s.micro_batch * s.n_ranks
+    return [Workload("serial reference", s.n_ranks, lambda: SmallCNN(1, 3, s.width), _cls(gb, 1, s.image_size,
+                     s.image_size, n_classes=3), optimizer="momentum", data_bytes=data),
+            Workload("kernel: batch statistics", 1, lambda: SmallCNN(1, 3, s.width),
+                     _cls(s.micro_batch, 1, s.image_size, s.image_size, n_classes=3), optimizer="none",
+                     data_bytes=data + stat, on_host=True)]
+
+
+def _large_batch(s):
+    data = (s.n_train + 1024) * (s.dim * F32 + I64)
+    b = max(s.global_batches)                               # one process trains a whole global batch
+    return [Workload(f"batch {b}, {o}", s.n_ranks, _mlp(s.dim, 4, s.hidden), _cls(b, s.dim, n_classes=4),
+                     optimizer=o, data_bytes=data) for o in ("adam", "soap")]
+
+
+def _scaling(s):
+    from ddlcourse import synthetic_bench as sb
+    out = []
+    for label, b, k in (("weak", s.batch_size, s.n_ranks), ("strong, 1 rank", s.strong_global_batch, 1)):
+        out.append(Workload(label, k, lambda: sb.build_model(s.model, s.image_size, s.width),
+                            _cls(b, 3, s.image_size, s.image_size), optimizer="momentum"))
+    return out
+
+
+def _memory(s):         # notebook 09: runs in the kernel
+    from ddlcourse import memory
+    v = max(s.volume_sizes)
+    return [Workload("mlp", 1, lambda: memory.mlp(s.dim, s.hidden, s.depth), _cls(s.batch, s.dim, n_classes=4),
+                     optimizer="adam", on_host=True),
+            Workload(f"volume {v}^3", 1, lambda: memory.conv_net(1, 8, 3, ndim=3), _cls(1, 1, v, v, v, n_classes=3),
+                     optimizer="sgd", on_host=True)]
+
+
+def _model_parallel(s):
+    from ddlcourse.parallel import model_parallel as mp
+    return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
+                     _cls(s.batch, 16, n_classes=4), optimizer="none", data_bytes=s.batch * (16 * F32 + I64))]
+
+
+def _pipeline(s):
+    from ddlcourse.parallel import model_parallel as mp
+    return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
+                     _cls(s.global_batch, 16, n_classes=4), optimizer="none",
+                     data_bytes=s.global_batch * (16 * F32 + I64))]
+
+
+def _tensor_spatial_sharded(s):
+    from ddlcourse.parallel import sharded
+    return [Workload("sharded: serial Adam", s.n_ranks, lambda: sharded.make_model(32, s.sharded_hidden,
+                                                                                  s.sharded_depth),
+                     _cls(32, 32, n_classes=4), optimizer="adam"),
+            Workload("tensor parallel", s.n_ranks, _mlp(16, 4, s.hidden), _cls(8, 16, n_classes=4), optimizer="none")]
+
+
+def _federated(s):
+    from ddlcourse import federated
+    data = (s.n_train + 1000) * (federated.DIM * F32 + I64)
+    return [Workload("centralized", s.n_ranks, lambda: federated._model(0, 32),
+                     _cls(s.batch_size, federated.DIM, n_classes=federated.N_CLASSES), optimizer="sgd",
+                     data_bytes=data)]
+
+
+def _data_pipeline(s):  # notebook 14: the kernel reads every rank's share
+    from ddlcourse.models.small import SmallCNN
+    data = s.n_samples * (s.image_size ** 2 * F32 + I64)
+    return [Workload("kernel loop", 1, lambda: SmallCNN(1, 3, s.width), _cls(s.batch_size, 1, s.image_size,
+                     s.image_size, n_classes=3), optimizer="momentum", data_bytes=data, on_host=True)]
+
+
+def _hp_search(s):
+    from ddlcourse import hpsearch as hp
+    t = hp.TASK
+    b = max(s.grid_batches)
+    return [Workload(f"trial, batch {b}", s.n_engines, _mlp(t["dim"], t["n_classes"], t["hidden"], t["depth"]),
+                     _cls(b, t["dim"], n_classes=t["n_classes"]), optimizer="momentum",
+                     data_bytes=(t["n_train"] + t["n_val"]) * (t["dim"] * F32 + I64))]
+
+
+def _perfmodel(s):
+    from ddlcourse.models.small import SmallCNN
+    return [Workload("compute timing", s.n_ranks, lambda: SmallCNN(1, 3, 16),
+                     _cls(s.micro_batch, 1, s.image, s.image, n_classes=3), optimizer="none",
+                     data_bytes=2 * max(s.allreduce_bytes))]
+
+
+def _maize(s):
+    from ddlcourse.data import maize as data
+    from ddlcourse.models import maize as m
+    n_ranks = s.n_engines
+    R = s.n_rows * s.n_slots + data.MAX_WEEDS               # plant records per image
+    px = s.size ** 2
+    per_img = px * (3 + 4 + 3 * F32 + 4 * F32) + R * s.crop ** 2 * (3 + 3 * F32) + R * 6 * F32
+    n_chunks = s.n_train // s.chunk_size
+    gb = n_chunks * s.per_chunk
+    out = []
+    for k in (1, n_ranks):                                  # the 1-rank point of the strong-scaling run
+        mb = gb // k
+        data_b = (s.n_train // k) * per_img + (s.n_val // k) * px * (3 + 4 + 3 * F32)
+        out.append(Workload(f"segmentation, {k} rank(s)", k, lambda: m.UNet(s.width, s.depth),
+                            _dense(mb, (3, s.size, s.size), (4, s.size, s.size)), m.seg_loss, "adam", data_b))
+        out.append(Workload(f"autoencoder, {k} rank(s)", k, lambda: m.CropAutoencoder(s.latent, s.ae_width, s.crop),
+                            _dense(mb * R, (3, s.crop, s.crop), (3, s.crop, s.crop)), _mse, "adam", data_b))
+    return out
+
+
+def _seismic(s):
+    from ddlcourse.models import seismic as m
+    from ddlcourse.data import seismic as data
+    vol = math.prod(s.volume)
+    cube = math.prod(s.cube)
+    train = math.ceil(s.n_volumes / s.n_ranks) * s.cubes_per_volume * cube * (F32 + 1)
+    test = math.ceil(s.n_test / s.n_ranks) * vol * (F32 + 1)
+    making = vol * (8 + 8 + 1)                              # one volume being generated (float64 work arrays)
+    data_b = train + test + making
+
+    def cube_model():
+        return m.cube_model(s.width, s.levels, data.N_FACIES)
+
+    def halo(model):                                        # one slab of a spatial split, zeros for the halo
+        for blk in model.modules():
+            if isinstance(blk, m.ConvReLU):
+                blk._spatial = (m.ZeroHaloConv(blk.conv),)
+        return model
+
+    d, x, y = s.cube
+    sd, sx, sy = s.spatial_cube
+    return [Workload("3-D, one cube", s.n_ranks, cube_model, _dense(1, (1, d, x, y), (d, x, y), torch.long),
+                     optimizer="adam", data_bytes=data_b),
+            Workload("2-D sections of a cube", s.n_ranks, lambda: m.section_model(s.width, s.levels, data.N_FACIES),
+                     _dense(x, (1, d, y), (d, y), torch.long), optimizer="adam", data_bytes=data_b),
+            Workload("spatial cube, spatial=2", 2, cube_model, _dense(1, (1, sd // 2, sx, sy), (sd // 2 + 2, sx, sy),
+                     torch.long), loss=_halo_ce, optimizer="adam", data_bytes=data_b, prepare=halo),
+            Workload("spatial cube, 1 rank (budget lifted)", 1, cube_model,
+                     _dense(1, (1, sd, sx, sy), (sd, sx, sy), torch.long), optimizer="adam",
+                     data_bytes=s.n_volumes * s.cubes_per_volume * cube * (F32 + 1) + test + making)]
+
+
+def _halo_ce(out, target):
+    return F.cross_entropy(out, target[:, : out.shape[2]])
+
+
+def _topology(s):
+    from ddlcourse.models.topology import UNet
+    C = 5                                                  # 2-D inputs: volfrac, f_x, f_y, fixed_x, fixed_y
+    grid = s.ny * s.nx
+    per = grid * (C + 1) * F32 + 16 * 8                     # inputs, target, compliance and parameters
+    data_b = (s.n_train + s.n_val) * per                    # data.gather: the whole set on every rank
+    fine = (2 * s.n_fine) * 4 * per
+    k_opt = min(2, s.n_ranks)                               # the notebook's optimizer study runs on 2 ranks
+
+    def model():
+        return UNet(in_ch=C, width=s.width, depth=s.depth, dim=2)
+    out = []
+    for label, mb, k, shape, dat in (
+            ("main run", s.global_batch // s.n_ranks, s.n_ranks, (s.ny, s.nx), data_b),
+            ("strong scaling, 1 rank", s.global_batch, 1, (s.ny, s.nx), data_b),
+            (f"optimizers, batch {max(s.opt_batches)} on {k_opt} ranks", max(s.opt_batches) // k_opt, k_opt,
+             (s.ny, s.nx), data_b),
+            (f"fine grid, batch {s.n_fine} on {k_opt} ranks", s.n_fine // k_opt, k_opt, (2 * s.ny, 2 * s.nx),
+             data_b + fine)):
+        for opt in ("adam", "soap"):
+            out.append(Workload(f"{label}, {opt}", k, model, _dense(mb, (C, *shape), (1, *shape)), _bce, opt, dat))
+    return out
+
+
+def _driving(s):
+    from ddlcourse.models.driving import MultiViewNet
+    clip = 3 * s.frames * s.size ** 2 * 2                  # three views, float16 on the host
+    out = []
+    for label, k in (("main run", s.n_ranks), ("strong scaling, 1 rank", 1)):
+        mb = s.global_batch // k
+        data_b = math.ceil(s.n_clips / k) * clip + math.ceil(s.n_val / k) * clip + mb * clip * 2   # + a float32 batch
+        out.append(Workload(label, k, lambda: MultiViewNet(3, s.width, s.feat, s.hidden),
+                            _cls(mb, 3, s.frames, s.size, s.size, n_classes=3), optimizer="adamw", data_bytes=data_b))
+    return out
+
+
+def _transformer(s, batch: int, seq: int, dim: int, heads: int, layers: int, experts: int = 0, top_k: int = 2):
+    from ddlcourse.models import transformer as tf
+    cfg = tf.TransformerConfig(seq_len=seq, dim=dim, n_heads=heads, n_layers=layers, n_experts=experts, top_k=top_k)
+
+    def tokens(device):
+        return (torch.zeros(batch, seq, dtype=torch.long, device=device),
+                torch.zeros(batch, seq, dtype=torch.long, device=device))
+    return lambda: tf.Transformer(cfg), tokens, tf.lm_loss
+
+
+def _tensor_sequence_parallel(s):
+    out = []
+    for label, b, seq, dim, heads, layers in (("training, serial reference", s.batch, s.seq_len, s.dim, s.n_heads,
+                                                s.n_layers),
+                                               ("memory check, one block", s.mem_batch, s.mem_seq, s.mem_dim,
+                                                s.mem_heads, 1)):
+        model, batch, loss = _transformer(s, b, seq, dim, heads, layers)
+        out.append(Workload(label, s.n_ranks, model, batch, loss=loss, optimizer="adam"))
+    return out
+
+
+def _context_parallel(s):
+    model, batch, loss = _transformer(s, s.batch, s.seq_len, s.dim, s.n_heads, s.n_layers)
+    mem, mbatch, _ = _transformer(s, 1, s.mem_seq, s.dim, s.n_heads, 1)   # the whole sequence on one rank
+    return [Workload("training, serial reference", s.n_ranks, model, batch, loss=loss, optimizer="adam"),
+            Workload(f"memory check, length {s.mem_seq} on one rank", s.n_ranks, mem, mbatch, loss=loss,
+                     optimizer="adam")]
+
+
+def _expert_parallel(s):
+    experts = s.experts_per_rank * s.n_ranks
+    model, batch, loss = _transformer(s, s.batch, s.seq_len, s.dim, 4, 2, experts=experts, top_k=s.top_k)
+    return [Workload("MoE training (measured, CPU)", s.n_ranks, model, batch, loss=loss,
+                     optimizer="adam", measured=True)]
+
+
+def _sizing_layout(s):
+    model, batch, loss = _transformer(s, s.batch, s.seq_len, s.dim, s.n_heads, 2)
+    return [Workload("calculator check, serial", s.n_ranks, model, batch, loss=loss, optimizer="adam")]
+
+
+def _small_mlp(label: str, ranks: int, dim: int, hidden: int, batch: int, optimizer: str = "adam"):
+    return [Workload(label, ranks, _mlp(dim, 4, hidden), _cls(batch, dim, n_classes=4), optimizer=optimizer)]
+
+
+def _mixed_precision(s):
+    return _small_mlp("fp32 reference run", s.n_ranks, 16, 64, s.n, optimizer="sgd")
+
+
+def _fault_tolerance(s):
+    return _small_mlp("DDP training", s.n_ranks, 16, s.hidden, 64)
+
+
+def _native_sharding(s):
+    return _small_mlp("serial reference", s.n_load, s.dim, s.hidden, s.global_batch)
+
+
+SECTIONS: dict[str, Callable] = {
+    "sgd": _sgd, "batch_size": _batch_size, "loss_integrity": _loss_integrity, "data_parallel": _data_parallel,
+    "sync_batchnorm": _sync_batchnorm, "large_batch": _large_batch, "scaling": _scaling, "memory": _memory,
+    "model_parallel": _model_parallel, "pipeline": _pipeline, "tensor_spatial_sharded": _tensor_spatial_sharded,
+    "federated": _federated, "data_pipeline": _data_pipeline, "hp_search": _hp_search, "perfmodel": _perfmodel,
+    "lab_maize": _maize, "lab_seismic": _seismic, "topology": _topology, "lab_driving": _driving,
+    "tensor_sequence_parallel": _tensor_sequence_parallel, "context_parallel": _context_parallel,
+    "expert_parallel": _expert_parallel, "sizing_layout": _sizing_layout, "mixed_precision": _mixed_precision,
+    "fault_tolerance": _fault_tolerance, "native_sharding_checkpoints": _native_sharding,
+}
+
+
+# =========================================================================== the plan
+def workloads(section: str, scale: str | None = None) -> list[Workload]:
+    if section not in SECTIONS:
+        raise config.ScaleError(f"the planner has no section {section!r}; it plans {', '.join(SECTIONS)}")
+    return SECTIONS[section](config.sizes(section, scale))
+
+
+@dataclass
+class Row:
+    """One section: its ranks, the workload with the largest GPU total, the one with the most host memory per
+    rank, and the most host memory of one node over the workloads."""
+    section: str
+    ranks: int
+    gpu: Estimate
+    host: Estimate
+    host_per_node: float
+
+    def overshoot(self) -> list[str]:
+        return overshoot(self.gpu, self.host)
+
+
+def plan_section(section: str, scale: str | None = None) -> Row:
+    ests = [estimate(section, w) for w in workloads(section, scale)]
+    gpu = max(ests, key=lambda e: (not e.on_host, e.gpu_total))
+    host = max(ests, key=lambda e: e.host_per_rank)
+    return Row(section, max(e.ranks for e in ests), gpu, host, max(e.host_per_node for e in ests))
+
+
+def plan(scale: str | None = None) -> list[Row]:
+    missing = set(config.PROFILES) - set(SECTIONS) - set(NO_DEVICE)
+    if missing:
+        raise config.ScaleError(f"config.PROFILES has section(s) the planner does not know: {sorted(missing)}; "
+                                "add them to plan.SECTIONS or plan.NO_DEVICE")
+    return [plan_section(name, scale) for name in config.PROFILES if name in SECTIONS]
+
+
+def overshoot(gpu: Estimate, host: Estimate) -> list[str]:
+    """What does not fit the budgets, in words (empty when everything fits)."""
+    out = []
+    if not gpu.on_host and gpu.gpu_total > GPU_BUDGET:
+        out.append(f"{gpu.section} ({gpu.workload}): {_g(gpu.gpu_total)} GiB per GPU, "
+                   f"{_g(gpu.gpu_total - GPU_BUDGET)} GiB over the {_g(GPU_BUDGET)} GiB GPU")
+    if host.host_per_rank > HOST_BUDGET:
+        out.append(f"{host.section} ({host.workload}): {_g(host.host_per_rank)} GiB of host memory per rank, "
+                   f"{_g(host.host_per_rank - HOST_BUDGET)} GiB over {_g(HOST_BUDGET)} GiB")
+    return out
+
+
+def _g(b: float) -> str:
+    return f"{b / GiB:.2f}"
+
+
+def _n(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
+
+
+FOOTER = f"""\
+GPU columns: GiB per GPU for the workload named, the one with the largest GPU total (its own ranks in brackets;
+'ranks' is the most any workload of the section uses). Rows marked 'host' run in the notebook's kernel: their
+model state and activations are host memory (the GPU columns show them; no GPU is used).
+  weights, grads: parameters x bytes of their dtype. opt: SGD 0, momentum/LARS 1, Adam/AdamW/LAMB 2 tensors of the
+    parameters' size; SOAP 2 + two d x d matrices per dimension d of each parameter.
+  act: tensors autograd saves for backward (each storage once, parameters left out) plus the batch, from the real
+    model's forward + loss on meta tensors of the per-rank batch shape (nothing allocated).
+  other: 2 x the largest saved tensor (gradients in flight during backward) + {_g(CUDA_OVERHEAD)} GiB CUDA context,
+    workspaces and allocator slack.
+  host/node: (data per rank + {_g(PROCESS_OVERHEAD)} GiB per process) x ranks of that run on one node of {GPUS_PER_NODE}
+    GPUs, the largest over the section's workloads; data/rank: what one rank holds of the data set, for the
+    workload with the most host memory per rank (a 1-rank point of a scaling run holds the whole set).
+Budgets: {_g(GPU_BUDGET)} GiB per GPU, {_g(HOST_BUDGET)} GiB of host memory per rank.
+No meaningful device memory:
+""" + "\n".join(f"  {k}: {v}" for k, v in NO_DEVICE.items())
+
+
+def format_plan(rows: list[Row], scale: str) -> str:
+    head = (f"{'section':<23}{'ranks':>5}  {'workload (its ranks)':<42}{'batch per rank':>18}{'params':>9}"
+            f"{'weights':>8}{'grads':>7}{'opt':>7}{'act':>8}{'other':>7}{'total':>8}{'':5}{'host/node':>9}"
+            f"{'data/rank':>10}  fits")
+    lines = [f"scale profile: {scale}   (memory in GiB)", head, "-" * len(head)]
+    for row in rows:
+        g = row.gpu
+        lines.append(
+            f"{row.section:<23}{row.ranks:>5}  {(g.workload + f' ({g.ranks})')[:41]:<42}{g.batch:>18}{_n(g.params):>9}"
+            f"{_g(g.weights):>8}{_g(g.grads):>7}{_g(g.optimizer):>7}{_g(g.activations):>8}{_g(g.other):>7}"
+            f"{_g(g.gpu_total):>8}{' host' if g.on_host else '':5}{_g(row.host_per_node):>9}"
+            f"{_g(row.host.data_per_rank):>10}  {'NO' if row.overshoot() else 'yes'}")
+    lines.append("-" * len(head))
+    for row in rows:
+        for b in row.overshoot():
+            lines.append("OVER BUDGET: " + b)
+    lines.append(FOOTER)
+    return "\n".join(lines)
+
+
+def main(scale: str | None = None) -> int:
+    """Print the plan; exit status 1 when something does not fit."""
+    scale = config.get_scale(scale)
+    rows = plan(scale)
+    print(format_plan(rows, scale))
+    return 1 if any(row.overshoot() for row in rows) else 0

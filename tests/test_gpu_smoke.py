@@ -1,0 +1,196 @@
+"""env/gpu_smoke.sh, the instructor's GPU smoke test, in its dry-run form on CPU ranks; and the pieces of
+ddlcourse.checks it stands on (placement rules, the srun PMI plugin, engines per scale, agreement).
+
+No GPU here: the dry run really runs every check that does not need one (with mpiexec), and SKIPs the
+others with "no GPU". Deliberately broken runs (an unknown lab, a launcher that starts singletons) must
+give FAIL lines and a non-zero exit.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlcourse import checks
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "env" / "gpu_smoke.sh"
+
+
+def _env(**extra) -> dict:
+    """This environment without Slurm job variables (the test may run inside a job), the venv's Python."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
+    env.pop("DDLCOURSE_SMOKE_DRY_RUN", None)
+    env.update(DDLCOURSE_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _smoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SMOKE), *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env or _env(), timeout=timeout)
+
+
+def _lines(out: str) -> dict[str, tuple[str, str]]:
+    """``{check id: (PASS|FAIL|SKIP, rest of the line)}`` from the script's output."""
+    got = {}
+    for line in out.splitlines():
+        m = re.match(r"^(PASS|FAIL|SKIP) +(\S+) +(.*)$", line)
+        if m:
+            got[m.group(2)] = (m.group(1), m.group(3))
+    return got
+
+
+# ------------------------------------------------------------------------------------------ the script
+def test_syntax_list_and_usage_errors():
+    assert subprocess.run(["bash", "-n", str(SMOKE)]).returncode == 0
+    p = _smoke("--list")
+    ids = p.stdout.split()
+    assert p.returncode == 0 and ids[:5] == ["build", "pmi", "ids.srun", "ids.mpiexec", "check"]
+    for case in ("maize", "seismic", "topology", "driving"):
+        assert f"lab.{case}.ddp" in ids and f"lab.{case}.horovod" in ids
+    assert ids[-3:] == ["bench.ddp", "bench.horovod", "nbval"]
+    bad = _smoke("--dry-run", "--only", "ids,nosuchcheck")
+    assert bad.returncode == 2 and "--only nosuchcheck matches no check" in bad.stderr
+    # the GPU form outside an allocation refuses to start, and says what to do
+    noalloc = _smoke("--only", "check")
+    assert noalloc.returncode == 2 and "not inside a Slurm allocation" in noalloc.stderr and "--dry-run" in noalloc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_dry_run_fast_subset_passes_and_skips_what_needs_a_gpu(tmp_path):
+    logs = tmp_path / "logs"
+    p = _smoke("--only", "build,ids,check,lab.maize.ddp", "--log-dir", str(logs),
+               env=_env(DDLCOURSE_SMOKE_DRY_RUN="1"))
+    print(p.stdout[-3000:], p.stderr[-2000:])
+    got = _lines(p.stdout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert got["build"][0] == "SKIP" and "no GPU" in got["build"][1]
+    assert got["ids.srun"][0] == "SKIP" and "no Slurm allocation" in got["ids.srun"][1]
+    assert got["ids.mpiexec"] == ("PASS", got["ids.mpiexec"][1]) and "2 rank(s) on 1 host(s)" in got["ids.mpiexec"][1]
+    assert got["check"][0] == "PASS" and "CUDA allreduces skipped: no CUDA" in got["check"][1]
+    assert got["lab.maize.ddp"][0] == "PASS" and "2 ranks via mpiexec" in got["lab.maize.ddp"][1]
+    assert set(got) == {"build", "ids.srun", "ids.mpiexec", "check", "lab.maize.ddp"}  # --only: nothing else
+    assert f"logs in {logs}" in p.stdout and "3 PASS, 0 FAIL, 2 SKIP" in p.stdout
+    # each check's log holds what its line was judged on
+    ids_log = (logs / "ids.mpiexec.log").read_text()
+    # rank, host, local rank, device, GPU, CUDA_VISIBLE_DEVICES (emptied by the dry run)
+    assert re.search(r'^ +0 +\S+ +0 cpu +- +"" \(no GPU visible\)$', ids_log, re.M), ids_log
+    assert re.search(r'^ +1 +\S+ +1 cpu +- +"" \(no GPU visible\)$', ids_log, re.M), ids_log
+    check_log = (logs / "check.log").read_text()
+    assert "all three agree with the expected sum [3.0, 3.0, 3.0, 3.0]: True" in check_log
+    assert "rank 1 (cpu): cuda tensor via Horovod: skipped (no CUDA)" in check_log
+    assert re.search(r"rank 0 \(cpu\): cpu tensor via torch.distributed \(default group, \S+\): \[3.0, 3.0, 3.0, 3.0\] ok",
+                     check_log)
+    assert list((logs / "results" / "ddp" / "maize").glob("result*.json")), "the lab wrote no result under the log dir"
+    assert (logs / "summary.txt").read_text().splitlines()[-1].startswith("gpu_smoke: 3 PASS, 0 FAIL, 2 SKIP")
+
+
+@pytest.mark.mpi
+def test_a_lab_that_does_not_exist_fails_the_run(tmp_path):
+    p = _smoke("--dry-run", "--only", "lab.nosuchcase.ddp", "--log-dir", str(tmp_path),
+               env=_env(DDLCOURSE_SMOKE_CASES="nosuchcase"))
+    got = _lines(p.stdout)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert got["lab.nosuchcase.ddp"][0] == "FAIL" and "unknown case 'nosuchcase'" in got["lab.nosuchcase.ddp"][1]
+    assert str(tmp_path / "lab.nosuchcase.ddp.log") in got["lab.nosuchcase.ddp"][1]
+    assert "0 PASS, 1 FAIL, 0 SKIP" in p.stdout and "FAILED: lab.nosuchcase.ddp" in p.stdout
+
+
+@pytest.mark.mpi
+def test_a_launcher_that_starts_singletons_fails_ids_and_check(tmp_path):
+    """What a wrong srun --mpi plugin does: N processes that each are rank 0 of a world of 1."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text('#!/bin/bash\n'
+                    'if [ "$1" = --version ]; then echo "singleton launcher"; exit 0; fi\n'
+                    'n=$2; shift 2; pids=()\n'
+                    'for i in $(seq "$n"); do "$@" & pids+=($!); done\n'
+                    'rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc\n')
+    fake.chmod(0o755)
+    p = _smoke("--dry-run", "--only", "ids.mpiexec,check", "--log-dir", str(tmp_path / "logs"),
+               env=_env(DDLCOURSE_MPIEXEC=str(fake)))
+    got = _lines(p.stdout)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert got["ids.mpiexec"][0] == "FAIL" and "the MPI world has 1" in got["ids.mpiexec"][1]
+    assert "DDLCOURSE_SRUN_MPI" in got["ids.mpiexec"][1]
+    assert got["check"][0] == "FAIL" and "2 rank(s) expected, the MPI world has 1" in got["check"][1]
+
+
+# ------------------------------------------------------------------------------------------ checks.py
+def _row(rank, host, local, gpu=None, size=4, node_rank=None):
+    return dict(rank=rank, size=size, host=host, local_rank=local, node_rank=local if node_rank is None else node_rank,
+                node_size=2, device=f"cuda:{local}" if gpu else "cpu", gpu=gpu, gpu_name="X" if gpu else None,
+                n_visible=2, cuda_visible_devices="0,1", problem=None)
+
+
+def test_placement_rules():
+    good = [_row(0, "a", 0, "GPU-a0"), _row(1, "a", 1, "GPU-a1"), _row(2, "b", 0, "GPU-b0"), _row(3, "b", 1, "GPU-b1")]
+    assert checks.placement_problems(good, expect_ranks=4, require_gpu=True) == []
+    # the same physical GPU id on two hosts is fine; on one host it is not
+    shared = [_row(0, "a", 0, "GPU-x"), _row(1, "a", 1, "GPU-x"), _row(2, "b", 0, "GPU-b0"), _row(3, "b", 1, "GPU-b1")]
+    assert any("ranks 0 and 1 share one GPU" in p for p in checks.placement_problems(shared))
+    # every rank of a node reads local rank 0 (a launcher variable inherited from the job step)
+    inherited = [_row(0, "a", 0), _row(1, "a", 0, node_rank=1), _row(2, "b", 0), _row(3, "b", 0, node_rank=1)]
+    probs = checks.placement_problems(inherited, expect_ranks=4)
+    assert any("a: local ranks are [0, 0]" in p for p in probs)
+    assert any("rank 1 uses local rank 0 but is number 1" in p for p in probs)
+    # CPU ranks pass on CPU, and fail where GPUs are required
+    cpu = [_row(0, "a", 0, size=2), _row(1, "a", 1, size=2)]
+    assert checks.placement_problems(cpu, expect_ranks=2) == []
+    assert any("have no CUDA device" in p for p in checks.placement_problems(cpu, 2, require_gpu=True))
+    alone = [_row(0, "a", 0, size=1)]
+    assert any("own MPI world of size 1" in p for p in checks.placement_problems(alone, expect_ranks=4))
+
+
+@pytest.mark.parametrize("version, plugin", [
+    ("MPICH Version:      5.0.2\nMPICH Release date: ...", "pmi2"),
+    ("Open MPI v5.0.3, package: Open MPI ...", "pmix"),
+    ("Open MPI v4.1.6, package: ...", "pmix"),
+    ("MPI VERSION    : CRAY MPICH version 8.1.28.29 (ANL base 3.4a2)", "cray_shasta"),
+    ("Intel(R) MPI Library 2021.11 for Linux* OS", "pmi2"),
+    ("MVAPICH2 Version      :\t2.3.7", "pmi2"),
+    ("Some Vendor MPI 1.0", "pmi2"),
+])
+def test_srun_mpi_plugin_follows_the_mpi(version, plugin, monkeypatch):
+    monkeypatch.delenv("DDLCOURSE_SRUN_MPI", raising=False)
+    got, why = checks.srun_mpi_plugin(version)
+    assert got == plugin and why
+    monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmix_v4")
+    assert checks.srun_mpi_plugin(version)[0] == "pmix_v4"
+
+
+def test_srun_mpi_plugin_of_this_venv(monkeypatch):
+    """The venv's mpi4py runs on the mpich wheel: pmi2, asked without initialising MPI in this process."""
+    monkeypatch.delenv("DDLCOURSE_SRUN_MPI", raising=False)
+    assert "MPICH" in checks.mpi_library_version()
+    p = subprocess.run([sys.executable, "-m", "ddlcourse.checks", "srun-mpi", "--explain"], capture_output=True,
+                       text=True, env=_env(), cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip() == "pmi2" and "MPICH" in p.stderr
+
+
+def test_engines_needed_and_allocation_advice():
+    smoke = checks.engines_needed("smoke")
+    assert smoke["setup_check"] == 2 and max(smoke.values()) == 4
+    cluster = checks.engines_needed("cluster")
+    assert cluster["setup_check"] == 8
+    assert checks.allocation_advice("smoke", 4, gpus_per_node=4, tasks_per_node=4) == []
+    small = checks.allocation_advice("smoke", 2)
+    assert len(small) == 1 and "Ask for at least 4 tasks" in small[0]
+    shared = checks.allocation_advice("smoke", 8, gpus_per_node=2, tasks_per_node=4)
+    assert len(shared) == 1 and "ranks will share GPUs" in shared[0]
+
+
+def test_agree_counts_device_allreduces():
+    base = {"mpi4py": [3.0], "torch.distributed": [3.0], "horovod": [3.0]}
+    ok = {"name": "cpu tensor", "status": "ok", "value": [3.0], "detail": ""}
+    skipped = {"name": "cuda tensor", "status": "skipped", "value": None, "detail": checks.SKIP_NO_CUDA}
+    error = {"name": "cpu tensor", "status": "error", "value": None, "detail": "RuntimeError: no backend"}
+    assert checks.agree([dict(base, devices=[ok, skipped])] * 2, 2, 1)
+    assert not checks.agree([dict(base, devices=[ok, skipped])] * 2, 2, 1, require_cuda=True)
+    assert not checks.agree([dict(base, devices=[error])] * 2, 2, 1)
+    assert checks.agree([base] * 2, 2, 1)  # results without device allreduces (older callers) still agree

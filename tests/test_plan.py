@@ -1,0 +1,92 @@
+"""The budget planner: the cluster profile fits its hardware, and the planner's activation estimate is honest."""
+import pytest
+import torch
+
+from ddlcourse import config, memory, plan
+from ddlcourse.__main__ import main as cli
+
+OPTIMIZER_FOR_MEASURE = {"adam": "adam", "adamw": "adam", "momentum": "momentum", "sgd": "sgd", "none": "sgd"}
+
+
+@pytest.mark.parametrize("section", list(plan.SECTIONS))
+def test_cluster_profile_fits(section):
+    row = plan.plan_section(section, "cluster")
+    problems = row.overshoot()
+    assert not problems, "does not fit: " + "; ".join(problems)
+
+
+def test_collectives_buffers_fit_the_host():
+    s = config.sizes("collectives", "cluster")                # send, receive and scratch buffer of the largest message
+    assert 3 * 2 ** s.max_log2 + plan.PROCESS_OVERHEAD <= plan.HOST_BUDGET
+
+
+def test_every_section_is_planned_or_explained():
+    assert set(plan.SECTIONS) | set(plan.NO_DEVICE) == set(config.PROFILES)
+    assert not set(plan.SECTIONS) & set(plan.NO_DEVICE)
+
+
+@pytest.mark.parametrize("section", ["scaling", "lab_maize", "lab_seismic"])
+def test_activation_estimate_matches_a_measured_step(section):
+    """Meta-tensor estimate against a real CPU forward + backward + step (ddlcourse.memory.measure)."""
+    checked = 0
+    for w in plan.workloads(section, "smoke"):
+        if w.prepare is not None:                             # a halo slab: not a plain model to measure
+            continue
+        est = plan.estimate(section, w)
+        torch.manual_seed(0)
+        model = w.model()
+        x, y = w.batch("cpu")
+        x.normal_()
+        if y.is_floating_point():
+            y.uniform_()
+        meas = memory.measure(model, x, y, loss_fn=w.loss or torch.nn.functional.cross_entropy,
+                              optimizer=OPTIMIZER_FOR_MEASURE[w.optimizer], exclude_input=False)
+        assert abs(est.activations - meas["activations"]) <= 0.1 * meas["activations"], (w.label, est, meas)
+        assert (est.weights, est.grads) == (meas["params"], meas["grads"]), w.label
+        if w.optimizer in OPTIMIZER_FOR_MEASURE and w.optimizer != "none":
+            assert est.optimizer == meas["optimizer"], w.label
+        checked += 1
+    assert checked >= 2
+
+
+def test_estimate_grows_with_the_batch():
+    small, big = (plan.estimate("t", plan.Workload("w", 1, lambda: torch.nn.Linear(8, 4), plan._cls(b, 8)))
+                  for b in (16, 64))
+    assert big.activations > 3 * small.activations and big.weights == small.weights
+
+
+def test_unknown_optimizer_is_refused():
+    w = plan.Workload("w", 1, lambda: torch.nn.Linear(8, 4), plan._cls(4, 8), optimizer="adagrad")
+    with pytest.raises(ValueError, match="unknown optimizer 'adagrad'"):
+        plan.estimate("t", w)
+
+
+def test_cli_prints_a_row_per_section(capsys):
+    rc = cli(["plan", "--scale", "smoke"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in plan.SECTIONS]
+    assert rows == [s for s in config.PROFILES if s in plan.SECTIONS]
+    for name in plan.NO_DEVICE:                               # the sections without device memory, with why
+        assert f"  {name}: " in out
+    assert "Budgets:" in out and "meta tensors" in out
+
+
+def test_cli_bad_scale(capsys):
+    assert cli(["plan", "--scale", "huge"]) == 2
+    assert "unknown scale 'huge'" in capsys.readouterr().err
+
+
+def test_cluster_ranks_fit_the_documented_allocation():
+    """env/slurm/README.md and env/GPU_CLUSTER.md document allocations of 8 GPUs, one rank per GPU."""
+    over = {sec: {k: v for k, v in by_scale["cluster"].items() if k in ("n_ranks", "n_engines", "bw_ranks")
+                  and v > plan.GPUS_PER_NODE}
+            for sec, by_scale in config.PROFILES.items()}
+    assert not {k: v for k, v in over.items() if v}, over
+
+
+def test_cli_fails_and_names_what_does_not_fit(capsys, monkeypatch):
+    monkeypatch.setattr(plan, "GPU_BUDGET", 2 ** 20)         # a 1 MiB GPU: the CUDA overhead alone overshoots
+    assert cli(["plan", "--scale", "smoke"]) == 1
+    out = capsys.readouterr().out
+    assert "OVER BUDGET: loss_integrity (" in out and "GiB over the 0.00 GiB GPU" in out
