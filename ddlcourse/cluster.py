@@ -23,6 +23,13 @@ What it does for you (and why):
   controller is stopped. A small watchdog process stops everything if the Python process that
   started the cluster dies (a killed or restarted kernel), and :func:`stop_all` clears whatever a
   crash left behind.
+
+Across nodes (a Slurm allocation of several nodes, or a host file): the controller listens on every
+interface so that engines on other nodes reach it, ``srun`` ends the whole step when one engine dies
+(``--kill-on-bad-exit``), :meth:`MPICluster.run` turns a dead engine into a :class:`ClusterError` within
+seconds instead of a hang, and cleanup signals only processes of this host; engines on other nodes are
+stopped through their launcher (``srun``/``mpiexec``) and, if that is gone, by cancelling the Slurm steps
+the cluster started (``scancel JOB.STEP``).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +48,8 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ddlcourse import checks
 
 DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
 ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ipyparallel.controller",
@@ -95,11 +105,42 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def allocation_tasks() -> int | None:
+    """Tasks of this Slurm allocation (``SLURM_NTASKS``, inside a step ``SLURM_STEP_NUM_TASKS``), else None."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return None
+    for var in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def allocation_nodes() -> int:
+    """Nodes of this Slurm allocation (``SLURM_JOB_NUM_NODES``), 1 outside one."""
+    v = (os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "").strip()
+    return int(v) if in_slurm_allocation() and v.isdigit() else 1
+
+
 def default_n() -> int:
     """Number of engines when none is given: the Slurm task count in an allocation, else 2."""
     if in_slurm_allocation():
-        return int(os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS"))
+        return allocation_tasks() or 1
     return 2
+
+
+def may_span_hosts(launcher: str) -> bool:
+    """Whether engines started by ``launcher`` may run on other hosts than the controller.
+
+    ``srun`` always may; ``mpiexec`` does inside a Slurm allocation of several nodes (MPICH's Hydra and
+    Open MPI read the node list and start ranks there) or with a host file (``$HYDRA_HOST_FILE``,
+    ``$PBS_NODEFILE``). ``$DDLCOURSE_MULTI_HOST=1`` says so for any other set-up.
+    """
+    if os.environ.get("DDLCOURSE_MULTI_HOST", "") not in ("", "0"):
+        return True
+    if launcher == "srun":
+        return True
+    return allocation_nodes() > 1 or bool(os.environ.get("HYDRA_HOST_FILE") or os.environ.get("PBS_NODEFILE"))
 
 
 def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
@@ -117,16 +158,40 @@ def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
         if not srun:
             raise ClusterError("launcher='srun' but srun is not on PATH (are you on a Slurm login/compute node?)")
         # --cpus-per-task spreads the threads; the PMI plugin must match the MPI mpi4py was built with.
-        args = ["--cpu-bind=none", f"--cpus-per-task={threads}",
+        # --kill-on-bad-exit: one dead engine breaks the MPI world, so end the whole step at once (on every
+        # node) rather than leave the others waiting in a collective.
+        args = ["--cpu-bind=none", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1",
                 f"--export=ALL,OMP_NUM_THREADS={threads},DDLCOURSE_THREADS={threads}"]
-        if os.environ.get("DDLCOURSE_SRUN_MPI"):
-            args.append(f"--mpi={os.environ['DDLCOURSE_SRUN_MPI']}")
+        plugin = _srun_mpi()
+        if plugin:
+            args.append(f"--mpi={plugin}")
         return "srun", [srun], args
     if launcher == "mpiexec":
         exe = mpiexec or find_mpiexec()
         args = ["-bind-to", "none", "-genv", "OMP_NUM_THREADS", threads, "-genv", "DDLCOURSE_THREADS", threads]
         return "mpiexec", [exe], args
     raise ClusterError(f"unknown launcher {launcher!r}; use 'auto', 'mpiexec' or 'srun'")
+
+
+_SRUN_MPI: dict = {}
+
+
+def _srun_mpi() -> str | None:
+    """srun's ``--mpi`` plugin: ``$DDLCOURSE_SRUN_MPI``, else the one matching mpi4py's MPI (asked once).
+
+    Without it, srun uses the site's ``MpiDefault`` (often ``none``): every engine is then an MPI world of
+    its own. A notebook started inside ``salloc`` has no template to set the variable for it.
+    """
+    if os.environ.get("DDLCOURSE_SRUN_MPI", "").strip():
+        return os.environ["DDLCOURSE_SRUN_MPI"].strip()
+    if "plugin" not in _SRUN_MPI:
+        try:
+            _SRUN_MPI["plugin"] = checks.srun_mpi_plugin()[0]
+        except Exception as e:  # no mpi4py here: leave the choice to the site's MpiDefault
+            warnings.warn(f"could not tell which srun --mpi plugin mpi4py needs ({e}); using the site's "
+                          "default. Set DDLCOURSE_SRUN_MPI (see env/slurm/README.md).", stacklevel=3)
+            _SRUN_MPI["plugin"] = None
+    return _SRUN_MPI["plugin"]
 
 
 # --------------------------------------------------------------------------- process bookkeeping
@@ -145,9 +210,73 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _kill_recorded(state: dict, grace: float = 2.0) -> None:
-    """Terminate everything a state file records: engines, launcher process groups, controller."""
-    pids = [p for p in state.get("engine_pids", []) if p]
+def _this_host() -> str:
+    return socket.gethostname()
+
+
+def _split_engines(state: dict) -> tuple[list[int], list[tuple[str, int]]]:
+    """``(pids of engines on this host, [(host, pid)] of engines on other hosts)`` from a state file."""
+    pids = [p for p in state.get("engine_pids", []) or []]
+    hosts = state.get("engine_hosts")
+    if not isinstance(hosts, list) or len(hosts) != len(pids):  # a record without hosts: one host, the recorder's
+        hosts = [state.get("host") or _this_host()] * len(pids)
+    here = _this_host()
+    return ([p for p, h in zip(pids, hosts) if p and h == here],
+            [(h, p) for p, h in zip(pids, hosts) if p and h != here])
+
+
+def _slurm_steps(job: str) -> dict[str, str]:
+    """``{step id "JOB.STEP": step name}`` of the running steps of Slurm job ``job`` ({} without Slurm)."""
+    if not (job and shutil.which("squeue")):
+        return {}
+    try:
+        p = subprocess.run(["squeue", "-h", "-s", "-j", str(job), "-o", "%i %j"], capture_output=True,
+                           text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    steps = {}
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+        step, _, name = line.strip().partition(" ")
+        if step.startswith(f"{job}."):
+            steps[step] = name
+    return steps
+
+
+def _cancel_steps(state: dict) -> list[str]:
+    """``scancel`` the Slurm steps that launched the engines, where they still run; returns those cancelled.
+
+    Engines on other nodes are not this host's processes: Slurm stops them, on every node of the step.
+    """
+    job, steps = state.get("slurm_job"), state.get("slurm_steps") or []
+    running = _slurm_steps(job) if steps else {}
+    alive = [s for s in steps if s in running]
+    if alive and shutil.which("scancel"):
+        try:
+            subprocess.run(["scancel", "--quiet", *alive], capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        deadline = time.time() + 15
+        while time.time() < deadline and set(alive) & set(_slurm_steps(job)):
+            time.sleep(0.2)
+    return alive
+
+
+def _kill_recorded(state: dict, grace: float = 2.0) -> bool:
+    """Terminate everything a state file records: engines, launcher process groups, controller.
+
+    Only processes of this host are signalled by PID; a PID recorded on another node names some other
+    process here. Engines elsewhere end with their launcher (``srun`` forwards the signal to every task,
+    ``mpiexec`` to its proxies) and, if it is gone or they outlive it, with ``scancel`` of the Slurm steps
+    the cluster started. Returns False when the record belongs to another host and nothing could be done
+    from here (no Slurm step to cancel): the caller should leave it for a run on that host.
+    """
+    here = _this_host()
+    recorded_on = state.get("host") or here
+    if recorded_on != here:
+        # launcher, controller and "local" engines all live on the host that wrote the record
+        cancelled = _cancel_steps(state)
+        return bool(cancelled)
+    pids, _ = _split_engines(state)  # engines elsewhere: through their launcher, or scancel below
     groups = [p for p in (state.get("launcher_pids", []) + [state.get("controller_pid")]) if p]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
@@ -168,9 +297,11 @@ def _kill_recorded(state: dict, grace: float = 2.0) -> None:
             time.sleep(0.05)
         if not any(_alive(p) for p in pids + groups):
             break
+    _cancel_steps(state)  # remote engines whose launcher could not take them down
     profile = state.get("profile_dir")
     if profile and state.get("owns_profile_dir"):
         shutil.rmtree(profile, ignore_errors=True)
+    return True
 
 
 def recorded_clusters(directory: Path | str | None = None) -> list[tuple[Path, dict]]:
@@ -190,10 +321,13 @@ def stop_all(directory: Path | str | None = None, only_orphans: bool = False) ->
     ``only_orphans=True`` keeps clusters whose starting process is still alive.
     """
     n = 0
+    here = _this_host()
     for f, state in recorded_clusters(directory):
-        if only_orphans and state.get("parent_pid") and _alive(state["parent_pid"]):
+        foreign = (state.get("host") or here) != here   # a shared home: recorded on another node
+        if only_orphans and (foreign or state.get("parent_pid") and _alive(state["parent_pid"])):
+            continue  # whether a process of another host is alive cannot be told from here
+        if not _kill_recorded(state):
             continue
-        _kill_recorded(state)
         f.unlink(missing_ok=True)
         n += 1
     return n
@@ -280,6 +414,9 @@ class MPICluster:
         self._state_file: Path | None = None
         self._watchdog: subprocess.Popen | None = None
         self._profile_dir: str | None = None
+        self._launcher_kind: str | None = None
+        self._slurm_job: str | None = None
+        self._steps_before: set[str] = set()
         self.start_seconds = float("nan")
         self.stop_seconds = float("nan")
 
@@ -300,21 +437,30 @@ class MPICluster:
         if self.running:
             return self
         launcher, mpi_cmd, mpi_args = launch_command(self.n, self.launcher, self.threads_per_rank, self.mpiexec)
+        self._check_allocation(launcher)
         cores = available_cores()
-        if launcher == "mpiexec" and self.n * self.threads_per_rank > cores:
+        if launcher == "mpiexec" and not may_span_hosts(launcher) and self.n * self.threads_per_rank > cores:
             warnings.warn(
                 f"{self.n} ranks x {self.threads_per_rank} thread(s) on {cores} core(s): the ranks are "
                 "oversubscribed. Results are correct, but timings measure time-sharing, not scaling.",
                 stacklevel=2)
         t0 = time.perf_counter()
+        self.ranks = []  # a restarted cluster must not record the PIDs of its previous engines
         cid = f"ddl-{uuid.uuid4().hex[:8]}"
         self._profile_dir = tempfile.mkdtemp(prefix=f"ipp-{cid}-", dir=runtime_dir())
-        multi_host = launcher == "srun" or bool(os.environ.get("DDLCOURSE_MULTI_HOST"))
+        # Engines on other nodes must reach the controller: it listens on every interface then, and tells
+        # the engines its hostname (ipyparallel's default location). On one host, loopback only.
+        multi_host = may_span_hosts(launcher)
         self._cluster = ipp.Cluster(
             engines="mpi", n=self.n, profile_dir=self._profile_dir, cluster_id=cid,
             controller_ip="*" if multi_host else "127.0.0.1",
             log_level=logging.ERROR, engine_timeout=int(self.timeout),
         )
+        self._launcher_kind = launcher
+        if launcher == "srun":
+            mpi_args = [*mpi_args, f"--job-name={cid}"]  # the step's name: how cleanup finds it (scancel)
+        self._slurm_job = os.environ.get("SLURM_JOB_ID") if in_slurm_allocation() else None
+        self._steps_before = set(_slurm_steps(self._slurm_job)) if self._slurm_job else set()
         cfg = self._cluster.config
         cfg.MPIEngineSetLauncher.mpi_cmd = mpi_cmd
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args
@@ -328,15 +474,7 @@ class MPICluster:
             self._record()
             self._start_watchdog()
             self._rc = self._cluster.connect_client_sync()
-            try:
-                self._rc.wait_for_engines(self.n, timeout=self.timeout, interactive=False)
-            except TimeoutError:
-                got = len(self._rc.ids)
-                raise ClusterError(
-                    f"only {got} of {self.n} engines registered within {self.timeout:.0f} s. "
-                    f"Launcher output:\n{self._launcher_output() or '(none)'}\n"
-                    "Try fewer engines, a longer timeout, or check that mpiexec runs: "
-                    f"{mpi_cmd[0]} -n 2 python -c 'print(1)'") from None
+            self._wait_for_engines(mpi_cmd[0])
             self._setup_engines()
             self._record()
         except BaseException:
@@ -348,6 +486,44 @@ class MPICluster:
             print(f"MPI cluster: {self.n} engine(s) on {len(hosts)} host(s) via {launcher}, "
                   f"{self.threads_per_rank} thread(s) per rank")
         return self
+
+    def _wait_for_engines(self, launcher_exe: str) -> None:
+        """Wait for every engine to register; fail at once if the launcher exits first (an engine's MPI_Init
+        failed, srun refused the step), rather than after the whole timeout."""
+        deadline = time.perf_counter() + self.timeout
+        while True:
+            try:
+                self._rc.wait_for_engines(self.n, timeout=min(1.0, max(0.01, deadline - time.perf_counter())),
+                                          interactive=False)
+                return
+            except TimeoutError:
+                pass
+            got = len(self._rc.ids)
+            ended = [es for es in self._cluster.engines.values() if not es.running]
+            if ended or time.perf_counter() >= deadline:
+                why = (f"the launcher ({self._launcher_kind}) exited after {got} of {self.n} engines registered"
+                       if ended else f"only {got} of {self.n} engines registered within {self.timeout:.0f} s")
+                raise ClusterError(
+                    f"{why}. Launcher output:\n{self._launcher_output() or '(none)'}\n"
+                    "Try fewer engines, a longer timeout, or check that the launcher runs: "
+                    f"{launcher_exe} -n 2 python -c 'print(1)'")
+
+    def _check_allocation(self, launcher: str) -> None:
+        """Refuse more engines than the Slurm allocation has tasks (srun would wait, or fail obscurely)."""
+        tasks = allocation_tasks() if in_slurm_allocation() else None
+        if tasks is None or self.n <= tasks:
+            return
+        job = os.environ.get("SLURM_JOB_ID")
+        if launcher == "srun":
+            raise ClusterError(
+                f"{self.n} engines asked for, but this Slurm allocation (job {job}) has {tasks} task(s) "
+                f"(SLURM_NTASKS={tasks}), and srun starts one engine per task. Ask for at most {tasks} "
+                f"(MPICluster(n={tasks}), or leave n out to use every task), or request more tasks: "
+                f"salloc/sbatch --ntasks={self.n} (or --nodes=N --ntasks-per-node=K with N*K >= {self.n}).")
+        warnings.warn(
+            f"{self.n} engines in a Slurm allocation of {tasks} task(s) (job {job}): mpiexec will put more "
+            "ranks than tasks on the nodes, oversubscribing their CPUs. Use n <= SLURM_NTASKS for timings.",
+            stacklevel=3)
 
     def _setup_engines(self) -> None:
         rc = self._rc
@@ -392,12 +568,26 @@ class MPICluster:
             "controller_pid": getattr(c.controller, "pid", None) if c.controller else None,
             "launcher_pids": [getattr(es, "pid", None) for es in c.engines.values()],
             "engine_pids": [r.pid for r in self.ranks],
+            "engine_hosts": [r.host for r in self.ranks],   # a PID means something only on its host
+            "host": _this_host(),                            # where the controller and launcher run
+            "slurm_job": self._slurm_job,
+            "slurm_steps": self._our_steps(),
             "n": self.n,
             "started": time.time(),
         }
         tmp = self._state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(self._state_file)
+
+    def _our_steps(self) -> list[str]:
+        """The Slurm steps this cluster's launcher started (srun: named after the cluster; Hydra: its proxies)."""
+        if not self._slurm_job or self._cluster is None or not self._cluster.engines:
+            return []
+        cid = self._cluster.cluster_id
+        new = {s: name for s, name in _slurm_steps(self._slurm_job).items() if s not in self._steps_before}
+        if self._launcher_kind == "srun":
+            return sorted(s for s, name in new.items() if name == cid)
+        return sorted(new)   # mpiexec: Hydra's own srun step of proxies, unnamed; new since we started
 
     def _start_watchdog(self) -> None:
         # A separate session, so it survives the kernel being killed and then cleans up.
@@ -414,23 +604,26 @@ class MPICluster:
         t0 = time.perf_counter()
         c = self._cluster
         try:
-            if self._rc is not None:
-                try:
-                    self._rc.shutdown(hub=False, block=True, targets="all")
+            asked = False
+            if self._rc is not None and any(es.running for es in c.engines.values()):
+                try:  # not block=True: an engine that died but is still registered never answers
+                    self._rc.shutdown(hub=False, block=False, targets="all")
+                    asked = True
                 except Exception:
                     pass
-                try:
-                    self._rc.close()
-                except Exception:
-                    pass
-            # wait for mpiexec to exit on its own once the engines are gone (clean MPI_Finalize)
-            for es in list(c.engines.values()):
+            # wait for mpiexec/srun to exit on its own once the engines are gone (clean MPI_Finalize)
+            for es in list(c.engines.values()) if asked else []:
                 proc = getattr(es, "process", None)
                 if proc is not None:
                     try:
                         proc.wait(timeout=10)
                     except Exception:
                         pass
+            if self._rc is not None:
+                try:
+                    self._rc.close()
+                except Exception:
+                    pass
             try:
                 c.stop_cluster_sync()
             except Exception:
@@ -479,7 +672,41 @@ class MPICluster:
         ``fn`` should be importable (a function from ``ddlcourse``) rather than defined in a cell.
         """
         self._need()
-        return self._view.apply_sync(fn, *args, **kwargs)
+        ar = self._view.apply_async(fn, *args, **kwargs)
+        while True:
+            try:
+                return ar.get(timeout=0.5)
+            except TimeoutError:
+                pass
+            except Exception:
+                gone = self._dead_engines()
+                if gone:  # ipyparallel's "EngineError: engine died": say what happened and what to do
+                    raise ClusterError(gone) from None
+                raise
+            gone = self._dead_engines()
+            if gone:  # the live ranks may wait forever in a collective with the dead one: do not wait
+                raise ClusterError(gone)
+
+    def _dead_engines(self) -> str | None:
+        """None while every engine and its launcher run; else a sentence saying what died and what to do."""
+        try:
+            ids = set(self._rc.ids)  # reading ids takes in the hub's notices of engines that went away
+        except Exception:
+            ids = None
+        gone = [r for r in self.ranks if ids is not None and r.engine_id not in ids]
+        ended = [es for es in self._cluster.engines.values() if not es.running]
+        if not gone and not ended:
+            return None
+        what = ", ".join(f"rank {r.rank} on {r.host} (pid {r.pid})" for r in gone) or "the engines"
+        how = ""
+        if ended:
+            code = getattr(ended[0], "stop_data", None) or {}
+            how = (f"; the launcher ({self._launcher_kind}) exited"
+                   + (f" with {code.get('exit_code')}" if isinstance(code, dict) and "exit_code" in code else ""))
+        return (f"engine(s) gone: {what}{how}. One dead rank breaks the MPI world (the others would wait for "
+                "it in every collective), so this cluster cannot be used any more: call c.stop() and start a "
+                "new one. Look at the launcher output for the cause (killed, out of memory, node failure):\n"
+                f"{self._launcher_output()[-1500:] or '(no output)'}")
 
     def report(self, show: bool = True) -> list[RankInfo]:
         """Which rank runs on which host and device."""
