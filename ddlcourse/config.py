@@ -67,7 +67,7 @@ PROFILES: dict[str, dict[str, dict]] = {
     # ---- notebooks 04-08 (issue 4): add sections below this line ----
     "collectives": {  # 04: message sizes are powers of two, 2**min_log2 .. 2**max_log2 bytes
         "smoke": dict(n_ranks=2, bw_ranks=2, min_log2=3, max_log2=16, reps=2, fusion_tensors=16, fusion_nelem=256),
-        "laptop": dict(n_ranks=4, bw_ranks=2, min_log2=3, max_log2=24, reps=8, fusion_tensors=64, fusion_nelem=1024),
+        "laptop": dict(n_ranks=4, bw_ranks=4, min_log2=3, max_log2=24, reps=8, fusion_tensors=64, fusion_nelem=1024),
         "cluster": dict(n_ranks=8, bw_ranks=8, min_log2=3, max_log2=28, reps=20, fusion_tensors=128, fusion_nelem=4096),
     },
     "data_parallel": {  # 05
@@ -97,7 +97,7 @@ PROFILES: dict[str, dict[str, dict]] = {
         "laptop": dict(n_ranks=4, model="smallcnn", width=16, image_size=32, batch_size=16, num_iters=5,
                        batches_per_iter=3, strong_global_batch=64),
         "cluster": dict(n_ranks=8, model="resnet", width=64, image_size=224, batch_size=64, num_iters=10,
-                        batches_per_iter=10, strong_global_batch=512),
+                        batches_per_iter=10, strong_global_batch=256),
     },
 
 
@@ -215,9 +215,9 @@ PROFILES: dict[str, dict[str, dict]] = {
         "laptop": dict(n_ranks=4, ny=24, nx=48, n_train=192, n_val=32, n_fine=16, chunk_size=4, maxloop=40,
                        width=8, depth=3, epochs=12, global_batch=16, lr=3e-3, opt_batches=[16, 64], opt_epochs=6,
                        target_loss=0.45, scaling_epochs=2, finetune_epochs=3),
-        "cluster": dict(n_ranks=16, ny=64, nx=128, n_train=8192, n_val=512, n_fine=256, chunk_size=32,
+        "cluster": dict(n_ranks=8, ny=64, nx=128, n_train=8192, n_val=512, n_fine=128, chunk_size=32,
                         maxloop=100, width=32, depth=4, epochs=50, global_batch=256, lr=1e-3,
-                        opt_batches=[256, 1024, 4096], opt_epochs=20, target_loss=0.15, scaling_epochs=2,
+                        opt_batches=[32, 128, 512], opt_epochs=20, target_loss=0.15, scaling_epochs=2,
                         finetune_epochs=5),
     },
 
@@ -228,8 +228,83 @@ PROFILES: dict[str, dict[str, dict]] = {
                       global_batch=8, lr=1e-3, n_ranks=4, scaling_epochs=1),
         "laptop": dict(n_clips=920, n_val=230, frames=12, size=48, width=8, feat=32, hidden=64, epochs=8,
                        global_batch=16, lr=1e-3, n_ranks=4, scaling_epochs=1),
-        "cluster": dict(n_clips=23000, n_val=2300, frames=32, size=112, width=32, feat=128, hidden=256, epochs=30,
-                        global_batch=256, lr=2e-3, n_ranks=16, scaling_epochs=2),
+        "cluster": dict(n_clips=23000, n_val=2300, frames=16, size=64, width=16, feat=128, hidden=256, epochs=30,
+                        global_batch=128, lr=2e-3, n_ranks=8, scaling_epochs=2),
+    },
+
+    # ---- issue 23 (resilience): mixed precision, fault tolerance, native sharding + DCP, profiling ----
+    "mixed_precision": {  # n: samples of the small-gradient regression (gradients ~ target_scale / n)
+        "smoke": dict(n_ranks=2, n=4096, steps=20, growth_interval=5, accumulate_steps=300, dp_steps=2),
+        "laptop": dict(n_ranks=2, n=4096, steps=60, growth_interval=10, accumulate_steps=1000, dp_steps=3),
+        "cluster": dict(n_ranks=8, n=8192, steps=200, growth_interval=20, accumulate_steps=1000, dp_steps=5),
+    },
+    "fault_tolerance": {  # kill_at: the step at which one rank is killed; every: steps per checkpoint
+        "smoke": dict(n_ranks=2, steps=12, every=4, kill_at=9, hidden=32),
+        "laptop": dict(n_ranks=2, steps=40, every=10, kill_at=27, hidden=64),
+        "cluster": dict(n_ranks=8, steps=200, every=25, kill_at=130, hidden=256),
+    },
+    "native_sharding_checkpoints": {  # 2-D mesh (dp, n_load // dp); DCP saved on n_save ranks after save_at steps
+        "smoke": dict(n_save=2, n_load=4, dp=2, dim=16, hidden=64, global_batch=32, steps=8, save_at=4, lr=1e-2),
+        "laptop": dict(n_save=2, n_load=4, dp=2, dim=32, hidden=256, global_batch=64, steps=30, save_at=15, lr=5e-3),
+        "cluster": dict(n_save=4, n_load=8, dp=2, dim=256, hidden=4096, global_batch=256, steps=100, save_at=50, lr=1e-3),
+    },
+
+    # ---- issue 22 (transformer-era parallelism): add sections below this line ----
+    # the small transformer on the sort task: seq_len = 2 * (symbols per sequence); seq_len % (2 * n_ranks) == 0
+    "context_parallel": {
+        "smoke": dict(n_ranks=2, seq_len=16, dim=32, n_heads=4, n_layers=2, steps=8, batch=16, lr=3e-3,
+                      check_seq=32, time_seq=256, time_heads=2, head_dim=16, repeats=1, mem_seq=64),
+        "laptop": dict(n_ranks=4, seq_len=16, dim=32, n_heads=4, n_layers=2, steps=120, batch=32, lr=3e-3,
+                       check_seq=64, time_seq=1024, time_heads=4, head_dim=32, repeats=3, mem_seq=128),
+        "cluster": dict(n_ranks=8, seq_len=32, dim=128, n_heads=8, n_layers=4, steps=600, batch=64, lr=1e-3,
+                        check_seq=256, time_seq=16384, time_heads=8, head_dim=64, repeats=5, mem_seq=1024),
+    },
+    "expert_parallel": {  # tokens_per_rank routed per rank; experts = experts_per_rank * n_ranks
+        "smoke": dict(n_ranks=2, tokens_per_rank=32, dim=16, hidden=32, experts_per_rank=2, top_k=2,
+                      capacity_factors=[0.5, 1.0, 2.0], sweep_tokens=256, seq_len=16, steps=8, batch=16, lr=3e-3),
+        "laptop": dict(n_ranks=4, tokens_per_rank=128, dim=32, hidden=64, experts_per_rank=2, top_k=2,
+                       capacity_factors=[0.5, 0.75, 1.0, 1.25, 2.0], sweep_tokens=2048, seq_len=16, steps=150,
+                       batch=32, lr=3e-3),
+        "cluster": dict(n_ranks=8, tokens_per_rank=4096, dim=256, hidden=1024, experts_per_rank=2, top_k=2,
+                        capacity_factors=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sweep_tokens=65536, seq_len=32,
+                        steps=600, batch=64, lr=1e-3),
+    },
+    "tensor_sequence_parallel": {  # check_*: the equality checks; mem_*: activation memory; rest: training
+        "smoke": dict(n_ranks=2, check_seq=8, check_dim=16, check_heads=4, mem_seq=16, mem_dim=64, mem_heads=4,
+                      mem_batch=2, seq_len=16, dim=32, n_heads=4, n_layers=2, steps=6, batch=16, lr=3e-3),
+        "laptop": dict(n_ranks=4, check_seq=16, check_dim=32, check_heads=4, mem_seq=32, mem_dim=128, mem_heads=4,
+                       mem_batch=4, seq_len=16, dim=32, n_heads=4, n_layers=2, steps=40, batch=32, lr=3e-3),
+        "cluster": dict(n_ranks=8, check_seq=64, check_dim=128, check_heads=8, mem_seq=512, mem_dim=1024,
+                        mem_heads=16, mem_batch=8, seq_len=32, dim=128, n_heads=8, n_layers=4, steps=600, batch=64,
+                        lr=1e-3),
+    },
+    "sizing_layout": {  # one block measured on the ranks (tp = cp = n_ranks); batch 1: see layout's cp formula
+        "smoke": dict(n_ranks=2, seq_len=32, dim=64, n_heads=4, batch=1),
+        "laptop": dict(n_ranks=4, seq_len=64, dim=128, n_heads=8, batch=1),
+        "cluster": dict(n_ranks=8, seq_len=512, dim=512, n_heads=8, batch=1),
+    },
+
+    # ---- issue 21 (communication runtimes, parameter server) ----
+    # message sizes 2**min_log2 .. 2**max_log2 bytes; ranks_per_host emulates hosts (rank // ranks_per_host)
+    "comm_runtimes": {
+        "smoke": dict(n_ranks=4, min_log2=8, max_log2=16, reps=3, bw_mib=1, ranks_per_host=2, hier_bytes=65536,
+                      model_mb=100, hook_steps=3, hook_time_steps=2),
+        "laptop": dict(n_ranks=4, min_log2=8, max_log2=24, reps=7, bw_mib=16, ranks_per_host=2, hier_bytes=1 << 20,
+                       model_mb=100, hook_steps=4, hook_time_steps=10),
+        "cluster": dict(n_ranks=8, min_log2=8, max_log2=26, reps=10, bw_mib=64, ranks_per_host=4,
+                        hier_bytes=1 << 24, model_mb=100, hook_steps=4, hook_time_steps=20),
+    },
+    # global_batch must divide by the workers of every run (1..n_ranks-1) and by n_ranks
+    "param_server": {
+        "smoke": dict(n_ranks=4, steps=4, global_batch=24, lr=0.5, n_train=96, dim=8, hidden=16,
+                      staleness=[0, 1, 4], stale_steps=20, periods=[1, 4], local_steps=8, async_steps=4,
+                      traffic_params=1000),
+        "laptop": dict(n_ranks=4, steps=10, global_batch=24, lr=0.5, n_train=480, dim=16, hidden=32,
+                       staleness=[0, 1, 4, 16], stale_steps=150, periods=[1, 4, 16], local_steps=96,
+                       async_steps=20, traffic_params=100_000),
+        "cluster": dict(n_ranks=8, steps=20, global_batch=840, lr=0.5, n_train=8400, dim=32, hidden=128,
+                        staleness=[0, 1, 4, 16, 64], stale_steps=400, periods=[1, 4, 16, 64], local_steps=256,
+                        async_steps=50, traffic_params=1_000_000),
     },
 
 }

@@ -77,6 +77,12 @@ DECKS: list[Deck] = [
          "Collectives and their cost model first; then the five steps from serial to data-parallel, three ways. "
          "SyncBatchNorm, large-batch optimizers, and how to measure speedup honestly.",
          "Notebooks 04-08", 120),
+    Deck("03b_runtimes", "Communication runtimes and the parameter server", 20,
+         ["notebooks/04b_comm_runtimes.ipynb", "notebooks/04c_parameter_server.ipynb"],
+         "What moves the bytes: MPI, NCCL, Gloo, gRPC; gloo against MPI measured here; the hierarchical allreduce "
+         "and the 8-GPU node on paper; DDP comm hooks. Then the architecture allreduce replaced: parameter "
+         "servers, staleness, the server's traffic, and local SGD.",
+         "Runtimes and parameter servers", 45),
     Deck("04_beyond_memory", "When the model does not fit", 40,
          ["notebooks/09_memory.ipynb", "notebooks/10_model_parallel.ipynb", "notebooks/11_pipeline.ipynb",
           "notebooks/12_tensor_spatial_sharded.ipynb", "notebooks/13_federated.ipynb"],
@@ -89,6 +95,24 @@ DECKS: list[Deck] = [
          "I/O that keeps the compute fed, hyper-parameter search as the other use of a cluster, and a "
          "performance model to reason about thousands of GPUs we do not have in the room.",
          "Notebooks 14-16", 60),
+    Deck("05b_transformer_parallel", "Parallelism for transformers: heads, sequence, context and experts", 20,
+         ["notebooks/12b_tensor_sequence_parallel.ipynb", "notebooks/12c_context_parallel.ipynb",
+          "notebooks/12d_expert_parallel.ipynb", "notebooks/12f_sizing_a_layout.ipynb"],
+         "Split the heads and the MLP (Megatron's f and g) and the norms' tokens (sequence parallelism: an "
+         "all-reduce taken apart, by hand and with DTensor), the sequence "
+         "(ring attention, zig-zag against the causal imbalance) and the experts (all_to_all "
+         "dispatch and combine, capacity and dropped tokens), each exact against the serial model, and the "
+         "layout calculator's memory and bytes against what the ranks measure; then that calculator chooses "
+         "layouts for a 7B and a 70B model on 512 GPUs.",
+         "Tensor, sequence, context and expert parallelism", 45),
+    Deck("05c_resilience", "Training that survives: mixed precision, restarts, sharded checkpoints", 20,
+         ["notebooks/09b_mixed_precision.ipynb", "notebooks/13b_fault_tolerance.ipynb",
+          "notebooks/12e_native_sharding_checkpoints.ipynb"],
+         "fp16 gradients that underflow and the loss scaler that brings them back; where fp32 master weights "
+         "really are; which dtype data parallelism sends. Then a rank killed on purpose: torchrun restarts the "
+         "job and it resumes from the last checkpoint, losing at most one interval. Last, FSDP2 and tensor "
+         "parallelism on a 2-D mesh, and a DCP checkpoint saved on 2 ranks that 4 ranks load and continue.",
+         "Mixed precision, fault tolerance, DCP", 45),
     Deck("06_lab_maize", "Lab 1: maize segmentation and anomalies", 20, ["labs/01_maize.ipynb"],
          "Instance segmentation and anomaly detection, data-parallel with Horovod and DDP; SyncBatchNorm at "
          "small per-rank batches; weak scaling by growing the field.", "Lab 1", 45),

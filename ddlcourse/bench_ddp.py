@@ -1,0 +1,204 @@
+"""DDP over gloo, DDP with the MPI communication hook, and Horovod, timed side by side on CPU ranks.
+
+Run it on 2 ranks (any N >= 2 works)::
+
+    mpiexec -n 2 -bind-to none -genv OMP_NUM_THREADS 1 python -m ddlcourse.bench_ddp [--model mlp|cnn] [--lab1]
+
+One run prints, with the ways **interleaved** (every repetition times each way once, in turn, so a load spike on
+a shared machine hits them alike) and the **median** over repetitions:
+
+* seconds per training step of the same model and per-rank batch: 1 rank alone (no communication), DDP (gloo),
+  DDP (MPI hook, :mod:`ddlcourse.parallel.mpi_hook`) and Horovod (MPI), each the slowest rank's time;
+* throughput (samples/s over all ranks) and weak-scaling efficiency ``t(1 rank) / t(N ranks)`` of each way;
+* bus bandwidth of the hand-written ring allreduce and of ``MPI_Allreduce`` at 16 MiB, and the latency of a
+  64-float allreduce through gloo and through MPI;
+* with ``--lab1``: lab 1's (maize) segmentation step on 1 and 2 ranks at the ``laptop`` scale, DDP with and
+  without the MPI hook, and the 2-rank strong-scaling speedup.
+
+Nothing here is asserted: it measures. Compare ways within one run, never against a number from another run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "Horovod")
+
+
+def _quiet_barrier(comm) -> None:
+    """A barrier that sleeps while it waits (MPICH's Barrier spins, which would steal the core of a rank that
+    is timing a 1-rank baseline)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(2e-4)
+
+
+def build(model: str, device) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model (seeded: the same on every rank) and one fixed random batch per rank."""
+    from ddlcourse import dist, synthetic_bench
+    from ddlcourse.models.small import MLP
+
+    torch.manual_seed(0)
+    if model == "mlp":                               # about 1.2 M parameters
+        net = MLP(256, 10, hidden=512, depth=5)
+        shape = (256,)
+    elif model == "cnn":
+        net = synthetic_bench.build_model("smallcnn", 32, width=16)
+        shape = (3, 32, 32)
+    else:
+        raise ValueError(f"unknown model {model!r}; choose mlp or cnn")
+    g = torch.Generator().manual_seed(dist.seed_for_rank(5, dist.rank()))
+    return net.to(device), g, shape
+
+
+def make_ways(model: str, batch: int, device):
+    """``{way: step function}``; every way trains its own copy of the same initial model."""
+    import horovod.torch as hvd
+
+    from ddlcourse.parallel.mpi_hook import register_mpi_hook
+
+    ways = {}
+    for way in WAYS:
+        net, g, shape = build(model, device)
+        x = torch.randn(batch, *shape, generator=g).to(device)
+        t = torch.randint(0, 10, (batch,), generator=g).to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        if way.startswith("DDP"):
+            net = nn.parallel.DistributedDataParallel(net)
+            if way == "DDP (MPI hook)" and not register_mpi_hook(net):
+                raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
+        elif way == "Horovod":
+            hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+            opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters(), op=hvd.Average)
+
+        def step(net=net, opt=opt, x=x, t=t):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), t).backward()
+            opt.step()
+        ways[way] = step
+    return ways
+
+
+def time_ways(model: str = "mlp", batch: int = 64, steps: int = 10, reps: int = 5, warmup: int = 3) -> dict:
+    """Median seconds per step of each way (slowest rank), interleaved; runs on every rank of the world."""
+    from mpi4py import MPI
+
+    from ddlcourse import dist
+    from ddlcourse.device import synchronize
+
+    info = dist.init(horovod=True)
+    comm = MPI.COMM_WORLD
+    ways = make_ways(model, batch, info.device)
+    for fn in ways.values():                   # warm up every way (DDP rebuilds its buckets after step 1)
+        alone = fn is ways["1 rank"]
+        for _ in range(warmup):
+            if not alone or info.rank == 0:
+                fn()
+        _quiet_barrier(comm)
+    per_rep = {w: [] for w in ways}
+    for _ in range(reps):
+        for way, fn in ways.items():
+            alone = way == "1 rank"
+            _quiet_barrier(comm) if alone else comm.Barrier()
+            t0 = time.perf_counter()
+            if not alone or info.rank == 0:
+                for _ in range(steps):
+                    fn()
+                synchronize(info.device)
+            dt = (time.perf_counter() - t0) / steps if (not alone or info.rank == 0) else 0.0
+            _quiet_barrier(comm) if alone else comm.Barrier()
+            per_rep[way].append(comm.allreduce(dt, op=MPI.MAX))
+    n_params = sum(p.numel() for p in build(model, info.device)[0].parameters())
+    return {"seconds": {w: statistics.median(v) for w, v in per_rep.items()}, "per_rep": per_rep,
+            "world_size": info.world_size, "batch": batch, "n_params": n_params, "model": model}
+
+
+def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
+    """Lab 1's segmentation training on 1 and 2 ranks (DDP, the same global batch), DDP with the default hook
+    (gloo) and with the MPI hook, interleaved; seconds per step (medians over ``reps``). Every rank calls it."""
+    from ddlcourse.cases import maize
+    from ddlcourse.parallel import mpi_hook
+
+    runs = (("1 rank", 1, "mpi"), ("2 ranks, DDP (gloo)", 2, "default"), ("2 ranks, DDP (MPI hook)", 2, "mpi"))
+    times: dict = {name: [] for name, _, _ in runs}
+    before = os.environ.get(mpi_hook.MODE_VAR)
+    try:
+        for rep in range(reps):
+            for name, k, hook in runs:
+                os.environ[mpi_hook.MODE_VAR] = hook
+                cfg = maize.make_config(scale, backend="ddp", ranks=k, stages="seg", seg_epochs=epochs, eval=False,
+                                        run_name=f"bench-ddp-{k}-{hook}", fresh=True)
+                res = maize.train(cfg)
+                if res is not None:
+                    times[name].append(maize.seconds_per_step(res))
+    finally:
+        if before is None:
+            os.environ.pop(mpi_hook.MODE_VAR, None)
+        else:
+            os.environ[mpi_hook.MODE_VAR] = before
+    return {name: statistics.median(v) for name, v in times.items() if v}
+
+
+def report(res: dict, bw: dict, lat: dict, ring_mib: float = 16.0) -> str:
+    s, n, b = res["seconds"], res["world_size"], res["batch"]
+    lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks, "
+             f"median of {len(res['per_rep']['1 rank'])} interleaved repetitions",
+             f"{'way':<16} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11}"]
+    for w in WAYS:
+        ranks = 1 if w == "1 rank" else n
+        eff = "" if w == "1 rank" else f"{s['1 rank'] / s[w]:.2f}"
+        rel = "" if w == "1 rank" else f"{s[w] / s['Horovod']:.3f}x"
+        lines.append(f"{w:<16} {s[w]:>9.5f} {ranks * b / s[w]:>10.0f} {eff:>18} {rel:>11}")
+    lines.append(f"allreduce of {ring_mib:g} MiB, bus bandwidth (nccl-tests convention): "
+                 + ", ".join(f"{k} {v['busbw'] / 1e9:.2f} GB/s" for k, v in bw.items())
+                 + f"; ring / MPI = {bw['ring']['busbw'] / bw['mpi']['busbw']:.2f}")
+    lines.append(f"allreduce of 64 floats: gloo {lat['gloo'][0] * 1e6:.1f} µs, MPI {lat['mpi'][0] * 1e6:.1f} µs")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (the median is reported)")
+    p.add_argument("--ring-mib", type=float, default=16.0)
+    p.add_argument("--lab1", action="store_true", help="also time lab 1 (maize) on 1 and 2 ranks")
+    p.add_argument("--lab1-reps", type=int, default=1)
+    p.add_argument("--lab1-scale", default="laptop")
+    a = p.parse_args(argv)
+    from mpi4py import MPI
+
+    from ddlcourse import dist, runtimes
+
+    dist.init(horovod=True)
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        raise SystemExit("run it on at least 2 ranks: mpiexec -n 2 python -m ddlcourse.bench_ddp")
+    res = time_ways(a.model, a.batch, a.steps, a.reps)
+    bw = runtimes.bandwidths_at(int(a.ring_mib * (1 << 20)), reps=a.reps)
+    lat = runtimes.compare_gloo_mpi([256], reps=20)
+    if comm.Get_rank() == 0:
+        print(report(res, bw, lat, a.ring_mib), flush=True)
+    if a.lab1:
+        lab = lab1_strong(a.lab1_reps, a.lab1_scale)
+        if comm.Get_rank() == 0:
+            one = lab["1 rank"]
+            print(f"lab 1 (maize, {a.lab1_scale}), segmentation, same global batch, median of {a.lab1_reps}:")
+            for name, t in lab.items():
+                print(f"  {name:<24} {t:.4f} s/step   speedup {one / t:.2f}x")
+    comm.Barrier()
+    from ddlcourse.parallel import mpi_hook
+    mpi_hook.free_comms()
+    dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,336 @@
+"""Context parallelism: causal ring attention, written by hand (notebook 12c · context parallelism).
+
+The sequence is split over the ``cp`` ranks of a group. Everything in a transformer except attention
+works token by token, so it runs on a rank's own tokens unchanged. Attention needs every earlier key and
+value: the ranks pass their K/V blocks around a ring (``isend`` to the next rank, ``irecv`` from the
+previous one), and each rank folds every block it sees into its queries' result with the *online softmax*
+(blockwise softmax with a running max ``m``, a running sum ``l`` and a running output ``o``; Milakov &
+Gimelshein 2018, FlashAttention, Ring Attention by Liu et al. 2023)::
+
+    for step in range(cp):                       # the block that arrives at step s came from rank r - s
+        s      = q @ k_blk.T / sqrt(d)  (causal mask by true positions)
+        m_new  = max(m, rowmax(s))
+        l      = l * exp(m - m_new) + rowsum(exp(s - m_new))
+        o      = o * exp(m - m_new) + exp(s - m_new) @ v_blk
+        m      = m_new
+        k_blk, v_blk = ring_shift(k_blk, v_blk)
+    out = o / l
+
+This equals full softmax attention exactly (up to rounding), forward and backward: the shift is an autograd
+function whose backward sends the gradient the other way round the ring.
+
+**Causal imbalance.** With a contiguous split, rank 0 holds the first tokens: its queries see only its own
+block, while the last rank's queries see all ``cp`` blocks. Blocks entirely in the future are skipped (a rank
+works in half-blocks), so rank ``r`` computes ``(r + 3/4)`` blocks of scores: the last does ``(4cp-3)/3`` times
+the work of the first. The *zig-zag* split cuts the sequence into
+``2cp`` chunks and gives rank ``r`` chunks ``r`` and ``2cp-1-r``: an early and a late chunk, the same work
+on every rank. Both layouts run the same code: the positions travel with the blocks.
+"""
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import torch
+import torch.distributed as tdist
+
+from ddlcourse.device import rank_device, synchronize
+from ddlcourse.parallel import traffic
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+# --------------------------------------------------------------------------- who holds which tokens
+def chunk_ids(rank: int, cp: int, layout: str = "zigzag") -> list[int]:
+    """The sequence chunks rank ``rank`` holds: ``[rank]`` of ``cp`` chunks, or ``[rank, 2cp-1-rank]`` of ``2cp``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+    if not 0 <= rank < cp:
+        raise ValueError(f"rank {rank} is outside 0..{cp - 1}")
+    return [rank] if layout == "contiguous" else [rank, 2 * cp - 1 - rank]
+
+
+def positions(rank: int, cp: int, seq_len: int, layout: str = "zigzag") -> torch.Tensor:
+    """The positions (in the full sequence) of the tokens rank ``rank`` holds, in the order it holds them."""
+    n = cp if layout == "contiguous" else 2 * cp
+    if seq_len % n:
+        raise ValueError(f"seq_len {seq_len} must be divisible by {n} for the {layout} layout on {cp} ranks")
+    c = seq_len // n
+    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(rank, cp, layout)])
+
+
+def shard(x: torch.Tensor, rank: int, cp: int, layout: str = "zigzag", dim: int = 1) -> torch.Tensor:
+    """This rank's tokens of ``x`` along ``dim`` (the sequence dimension)."""
+    pos = positions(rank, cp, x.shape[dim], layout).to(x.device)
+    return x.index_select(dim, pos)
+
+
+# --------------------------------------------------------------------------- the ring
+def _ring_peers(group):
+    r, n = tdist.get_rank(group), tdist.get_world_size(group)
+    glob = partial(tdist.get_global_rank, group) if group is not None else (lambda i: i)
+    return glob((r + 1) % n), glob((r - 1) % n)
+
+
+def _sendrecv(x: torch.Tensor, to: int, frm: int, group) -> torch.Tensor:
+    """Send ``x`` to global rank ``to`` and receive a tensor of the same shape from ``frm``, at the same time."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    reqs = [tdist.isend(x, to, group=group), tdist.irecv(out, frm, group=group)]
+    for q in reqs:
+        q.wait()
+    return out
+
+
+class _RingShift(torch.autograd.Function):
+    """Forward: pass ``x`` to the next rank, get the previous rank's. Backward: gradients go the other way."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        nxt, prv = _ring_peers(group)
+        traffic.add("ring", x.numel() * x.element_size())
+        return _sendrecv(x, nxt, prv, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        nxt, prv = _ring_peers(ctx.group)
+        traffic.add("ring", g.numel() * g.element_size())
+        return _sendrecv(g, prv, nxt, ctx.group), None
+
+
+def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
+    return _RingShift.apply(x, group)
+
+
+# --------------------------------------------------------------------------- the online softmax
+def online_softmax_update(m, l, o, scores, v):
+    """Fold one block of attention scores into the running state; returns ``(m, l, o)``.
+
+    m, l: (..., Tq, 1) running row max (a constant for stability: it cancels in ``o / l``) and running sum
+    of ``exp(score - m)``; o: (..., Tq, d) running ``sum exp(score - m) v``; scores: (..., Tq, Tk) with
+    ``-inf`` where masked; v: (..., Tk, d). Start from ``m = -inf, l = 0, o = 0``; the result is ``o / l``.
+    """
+    with torch.no_grad():                          # the max is only for stability: no gradient through it
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+    alpha = torch.exp(m - m_new)                  # rescales what was summed with the old max
+    p = torch.exp(scores - m_new)
+    return m_new, l * alpha + p.sum(-1, keepdim=True), o * alpha + p @ v
+
+
+def _runs(pos: torch.Tensor) -> list[slice]:
+    """The blocks a rank works in: its two halves (the zig-zag chunks), further cut where positions jump."""
+    jumps = {i + 1 for i in range(len(pos) - 1) if int(pos[i + 1]) != int(pos[i]) + 1}
+    cuts = sorted({0, len(pos) // 2, len(pos)} | jumps - {0})
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def blockwise_attention(q, k, v, q_pos, k_pos, state=None, stats=None):
+    """Fold keys/values ``k, v`` (at ``k_pos``) into the queries' online-softmax ``state`` (causal).
+
+    Work happens per run of consecutive positions; a (query run, key run) pair that lies entirely in the
+    future is skipped, and only a pair that straddles the diagonal needs the mask. ``stats['scores']``
+    counts the attention scores computed (the work).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if state is None:
+        shape = q.shape[:-1] + (1,)
+        state = [[torch.full(shape[:-2] + (s.stop - s.start, 1), float("-inf"), device=q.device, dtype=q.dtype),
+                  torch.zeros(shape[:-2] + (s.stop - s.start, 1), device=q.device, dtype=q.dtype),
+                  torch.zeros(q.shape[:-2] + (s.stop - s.start, q.shape[-1]), device=q.device, dtype=q.dtype)]
+                 for s in _runs(q_pos)]
+    for st, qs in zip(state, _runs(q_pos)):
+        qp = q_pos[qs]
+        for ks in _runs(k_pos):
+            kp = k_pos[ks]
+            if int(kp[0]) > int(qp[-1]):          # every key in the future of every query: nothing to do
+                continue
+            s = q[..., qs, :] @ k[..., ks, :].transpose(-2, -1) * scale
+            if int(kp[-1]) > int(qp[0]):          # straddles the diagonal: mask the future keys
+                s = s.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
+            st[:] = online_softmax_update(*st, s, v[..., ks, :])
+            if stats is not None:
+                stats["scores"] = stats.get("scores", 0) + s.shape[-2] * s.shape[-1]
+    return state
+
+
+def ring_attention(q, k, v, q_pos, k_pos, group=None, stats=None):
+    """Causal attention of this rank's queries over the whole sequence, K/V passed around the ring.
+
+    q, k, v: (batch, heads, T_local, head_dim), this rank's tokens; q_pos = k_pos: their true positions.
+    ``stats`` (a dict) gets ``scores`` (attention scores computed here) and ``compute_s`` (time computing).
+    Usable as a model's ``attn_fn`` (``functools.partial(ring_attention, group=g)``).
+    """
+    cp = tdist.get_world_size(group)
+    kv, kp = torch.stack([k, v]), k_pos.clone()            # (2, batch, heads, T_local, head_dim)
+    state, compute = None, 0.0
+    for step in range(cp):
+        t0 = time.perf_counter()
+        state = blockwise_attention(q, kv[0], kv[1], q_pos, kp, state, stats)
+        synchronize(q.device)
+        compute += time.perf_counter() - t0
+        if step < cp - 1:
+            kv = ring_shift(kv, group)                    # the next block: the previous rank's (r - step - 1)
+            nxt, prv = _ring_peers(group)
+            kp = _sendrecv(kp, nxt, prv, group)            # positions travel with their block (not differentiated)
+    if stats is not None:
+        stats["compute_s"] = stats.get("compute_s", 0.0) + compute
+    out = torch.cat([o / l for _, l, o in state], dim=-2)
+    # A rank that skipped the last blocks (all in its future) must still run every shift's backward, or its
+    # ring neighbours wait for ever for the gradient it should pass on: keep the last block in the graph.
+    return out + 0.0 * kv.sum() if cp > 1 and kv.requires_grad else out
+
+
+# --------------------------------------------------------------------------- work per rank, predicted
+def scores_per_rank(seq_len: int, cp: int, layout: str = "zigzag") -> list[int]:
+    """Attention scores each rank computes with :func:`ring_attention` (blocks skipped when in the future)."""
+    out = []
+    for r in range(cp):
+        stats = {}
+        pos = positions(r, cp, seq_len, layout)
+        q = torch.zeros(1, 1, len(pos), 1)
+        for src in range(cp):
+            blockwise_attention(q, q, q, pos, positions(src, cp, seq_len, layout), None, stats)
+        out.append(stats.get("scores", 0))
+    return out
+
+
+# --------------------------------------------------------------------------- checks against serial
+def compare_attention(batch: int = 2, heads: int = 2, seq_len: int = 32, head_dim: int = 8,
+                      layout: str = "zigzag", group=None, seed: int = 0, device=None) -> dict:
+    """Ring attention on this rank's shard against full causal attention, forward and backward (max |diff|)."""
+    from ddlcourse.models.transformer import causal_attention
+
+    device = rank_device(device)
+    r, cp = tdist.get_rank(group), tdist.get_world_size(group)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(device)
+               for _ in range(3))
+    w = torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(device)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    full = causal_attention(q, k, v)
+    (full * w).sum().backward()
+    ref = [full.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()]
+
+    pos = positions(r, cp, seq_len, layout).to(device)
+    ql, kl, vl = (shard(t.detach(), r, cp, layout, dim=2).requires_grad_(True) for t in (q, k, v))
+    stats = {}
+    out = ring_attention(ql, kl, vl, pos, pos, group=group, stats=stats)
+    (out * shard(w, r, cp, layout, dim=2)).sum().backward()
+    mine = [out.detach(), ql.grad, kl.grad, vl.grad]
+    diffs = {name: float((a - shard(b, r, cp, layout, dim=2)).abs().max())
+             for name, a, b in zip(("out", "dq", "dk", "dv"), mine, ref)}
+    return dict(diffs, rank=r, scores=stats.get("scores", 0))
+
+
+def compare_model(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, seed: int = 0,
+                  device=None) -> dict:
+    """The whole transformer with context parallelism against serial: loss and every gradient (max |diff|).
+
+    Each rank embeds, normalises and runs the MLPs on its own tokens (by their true positions); attention is
+    ring attention; the parameter gradients are summed over the group (each rank saw part of the tokens).
+    """
+    from ddlcourse.data import tokens
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=2)
+    r, cp = tdist.get_rank(group), tdist.get_world_size(group)
+    x, y = tokens.sort_batch(batch, cfg.vocab - 1, cfg.seq_len // 2, seed=seed, device=device)
+    n_targets = int((y != -100).sum())
+
+    serial = T.build(cfg, seed=seed, device=device)
+    loss_ref = T.lm_loss(serial(x), y, reduction="sum") / n_targets
+    loss_ref.backward()
+
+    model = T.build(cfg, seed=seed, device=device)
+    model.set_attn_fn(partial(ring_attention, group=group))
+    pos = positions(r, cp, cfg.seq_len, layout).to(device)
+    loss_local = T.lm_loss(model(shard(x, r, cp, layout), pos), shard(y, r, cp, layout), reduction="sum") / n_targets
+    loss_local.backward()
+    loss = loss_local.detach().clone()
+    tdist.all_reduce(loss, group=group)
+    grad_diff = 0.0
+    for p, q in zip(model.parameters(), serial.parameters()):
+        g = p.grad.clone()
+        tdist.all_reduce(g, group=group)
+        grad_diff = max(grad_diff, float((g - q.grad).abs().max()))
+    return dict(loss_diff=abs(float(loss) - float(loss_ref.detach())), grad_diff=grad_diff, rank=r)
+
+
+def time_per_rank(batch: int = 1, heads: int = 4, seq_len: int = 1024, head_dim: int = 32, repeats: int = 3,
+                  group=None, seed: int = 0, device=None) -> dict:
+    """Forward ring attention with both layouts; per layout this rank's scores computed and compute seconds
+    (the best of ``repeats``)."""
+    device = rank_device(device)
+    r, cp = tdist.get_rank(group), tdist.get_world_size(group)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq_len, head_dim, generator=g).to(device)
+    out = {}
+    for layout in LAYOUTS:
+        ql = shard(q, r, cp, layout, dim=2)
+        pos = positions(r, cp, seq_len, layout).to(device)
+        best = None
+        with torch.no_grad():
+            for _ in range(repeats):
+                stats = {}
+                ring_attention(ql, ql, ql, pos, pos, group=group, stats=stats)
+                best = stats if best is None or stats["compute_s"] < best["compute_s"] else best
+        out[layout] = best
+    return dict(out, rank=r)
+
+
+def measure_block(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, seed: int = 0, device=None) -> dict:
+    """One transformer block with ring attention on this rank's tokens: the bytes autograd keeps (forward) and
+    the bytes this rank sends (forward + backward), to set against :mod:`ddlcourse.layout`."""
+    from ddlcourse import layout as lay_mod
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=64, dim=32, n_heads=4, n_layers=1)
+    r, cp = tdist.get_rank(group), tdist.get_world_size(group)
+    torch.manual_seed(seed)
+    block = T.Block(cfg).to(device)
+    block.attn.attn_fn = partial(ring_attention, group=group)
+    pos = positions(r, cp, cfg.seq_len, layout).to(device)
+    x = torch.randn(batch, len(pos), cfg.dim, device=device, requires_grad=True)
+    with traffic.counting() as sent:
+        with lay_mod.saved_activations(block) as saved:
+            y = block(x, pos)
+        y.sum().backward()
+    return dict(rank=r, saved=saved["bytes"], sent=sent["ring"])
+
+
+def train(cfg, steps: int, batch: int, lr: float = 3e-3, layout: str = "zigzag", group=None, seed: int = 0,
+          device=None) -> dict:
+    """Train on the sort task with context parallelism: the same data, initialisation and optimizer as
+    :func:`ddlcourse.models.transformer.train_sort`, each rank holding its share of every sequence.
+    Returns the loss curve (the loss of the whole batch, the same on every rank)."""
+    from ddlcourse.data import tokens
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    r, cp = tdist.get_rank(group), tdist.get_world_size(group)
+    n_symbols, length = cfg.vocab - 1, cfg.seq_len // 2
+    model = T.build(cfg, seed=seed, device=device)
+    model.set_attn_fn(partial(ring_attention, group=group))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    pos = positions(r, cp, cfg.seq_len, layout).to(device)
+    losses = []
+    for step in range(steps):
+        x, y = tokens.sort_batch(batch, n_symbols, length, seed=seed + 1, start=step * batch, device=device)
+        n_targets = int((y != -100).sum())
+        loss = T.lm_loss(model(shard(x, r, cp, layout), pos), shard(y, r, cp, layout), reduction="sum") / n_targets
+        opt.zero_grad()
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()] + [loss.detach().reshape(1)])
+        tdist.all_reduce(flat, group=group)              # each rank saw part of every sequence: sum
+        i = 0
+        for p in model.parameters():
+            p.grad.copy_(flat[i:i + p.numel()].view_as(p))
+            i += p.numel()
+        opt.step()
+        losses.append(float(flat[-1]))
+    return dict(losses=losses, rank=r)

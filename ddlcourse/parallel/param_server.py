@@ -1,0 +1,426 @@
+"""Notebook 04c · the parameter server: servers hold the parameters, workers pull them and push gradients.
+
+The architecture of DistBelief (Dean et al. 2012) and of TensorFlow 1's ``ClusterSpec`` with ``ps`` and
+``worker`` tasks, built here on mpi4py point-to-point messages (TensorFlow sends the same tensors over gRPC):
+
+* ranks ``0 .. n_servers-1`` are **servers**; server ``s`` holds shard ``s`` of the flat parameter vector
+  (:func:`shard_bounds`); the other ranks are **workers**;
+* a worker computes the gradient of its share of the global batch, **pushes** each gradient shard to its
+  server and **pulls** the updated shard back (:func:`push_pull`);
+* a **synchronous** server (:func:`serve`) waits for every worker's gradient, averages, takes one SGD step and
+  sends the new shard to everyone: the same step as allreduce data parallelism and as serial SGD on the global
+  batch (:func:`compare_sync`); an **asynchronous** server applies each gradient as it arrives and answers that
+  worker at once, so gradients are computed on parameters that are already *stale* (:func:`train_async`
+  measures the staleness; :func:`train_stale` emulates a fixed staleness deterministically in one process);
+* :func:`traffic` counts the bytes: a server moves ``2 W P / S`` per step for ``W`` workers, a ring-allreduce
+  rank ``2 (N-1)/N P`` whatever ``N`` is;
+* :func:`train_local_sgd`: no server; workers take ``H`` local steps, then average the parameters (H = 1 is
+  synchronous data parallelism).
+
+The model's parameters live on the rank's device (``dist.init().device``); what travels is a flat float64
+host copy (mpi4py sends host memory), as in :mod:`ddlcourse.collectives`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddlcourse.device import rank_device
+
+GRAD, PARAM = 11, 12           # message tags
+
+
+# --------------------------------------------------------------------------- the problem: a small MLP, flat
+class Problem:
+    """The MLP, its data and flat-vector access, the same on every rank (seeded)."""
+
+    def __init__(self, n_train: int = 256, dim: int = 16, hidden: int = 32, n_classes: int = 4, seed: int = 0,
+                 device=None):
+        from ddlcourse.data.toy import teacher_classification
+        from ddlcourse.models.small import MLP
+
+        self.device = rank_device(device)
+        X, y = teacher_classification(n_train, dim=dim, n_classes=n_classes, seed=seed)
+        self.X, self.y = X.double().to(self.device), y.to(self.device)
+        torch.manual_seed(seed)
+        self.model = MLP(dim, n_classes, hidden=hidden).double().to(self.device)
+        self.n_train = n_train
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def get(self) -> np.ndarray:
+        """The parameters as one flat float64 host array (a copy)."""
+        return nn.utils.parameters_to_vector(self.model.parameters()).detach().cpu().numpy().copy()
+
+    def set(self, flat: np.ndarray) -> None:
+        nn.utils.vector_to_parameters(torch.from_numpy(np.asarray(flat)).to(self.device), self.model.parameters())
+
+    def batch(self, step: int, global_batch: int, share: int = 0, n_shares: int = 1) -> torch.Tensor:
+        """Indices of share ``share`` (of ``n_shares`` equal ones) of step ``step``'s global batch."""
+        if global_batch % n_shares:
+            raise ValueError(f"global_batch {global_batch} must be divisible by {n_shares} workers")
+        idx = (torch.arange(global_batch, device=self.device) + step * global_batch) % self.n_train
+        return idx[share::n_shares]
+
+    def grad(self, flat: np.ndarray, idx: torch.Tensor) -> tuple[np.ndarray, float]:
+        """``(gradient, loss)`` of the mean cross-entropy on samples ``idx`` at parameters ``flat``."""
+        self.set(flat)
+        self.model.zero_grad()
+        loss = nn.functional.cross_entropy(self.model(self.X[idx]), self.y[idx])
+        loss.backward()
+        g = torch.cat([p.grad.flatten() for p in self.model.parameters()])
+        return g.detach().cpu().numpy(), loss.item()
+
+    def loss(self, flat: np.ndarray) -> float:
+        """Loss on the whole training set."""
+        self.set(flat)
+        with torch.no_grad():
+            return float(nn.functional.cross_entropy(self.model(self.X), self.y))
+
+
+def shard_bounds(n_params: int, n_servers: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` of each server's shard: ``n_params`` split as evenly as possible."""
+    if n_servers < 1:
+        raise ValueError(f"need at least one server, got {n_servers}")
+    edges = np.linspace(0, n_params, n_servers + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+# --------------------------------------------------------------------------- the two sides
+def push_pull(comm, grad: np.ndarray, params: np.ndarray, shards: list[tuple[int, int]]) -> np.ndarray:
+    """The worker's side of one step: push each gradient shard to its server (server ``s`` is rank ``s`` and
+    owns ``grad[start:stop]``), then pull the updated shard into ``params``. Returns ``params``."""
+    for s, (a, b) in enumerate(shards):
+        comm.Send(np.ascontiguousarray(grad[a:b]), dest=s, tag=GRAD)        # push
+    for s, (a, b) in enumerate(shards):
+        comm.Recv(params[a:b], source=s, tag=PARAM)                          # pull
+    return params
+
+
+def send_params(comm, shard: np.ndarray, workers) -> None:
+    """A server sends its shard to each of ``workers`` (the initial pull, and each step's answer)."""
+    from mpi4py import MPI
+    reqs = [comm.Isend(shard, dest=w, tag=PARAM) for w in workers]
+    MPI.Request.Waitall(reqs)
+
+
+def serve(comm, shard: np.ndarray, workers, steps: int, lr: float, sync: bool = True, counter=None) -> dict:
+    """The server's loop over ``steps`` rounds. ``shard`` (this server's parameters) is updated in place.
+
+    ``sync=True``: each round, receive one gradient from every worker (in any order), average them, take one
+    SGD step, and send the new shard to all workers. ``sync=False``: apply each gradient as it arrives
+    (``lr / len(workers)`` per gradient, the same total step size) and answer that worker alone; a gradient's
+    *staleness* is the number of updates applied since its worker last received the parameters.
+    """
+    from mpi4py import MPI
+
+    workers = list(workers)
+    W = len(workers)
+    g = np.empty_like(shard)
+    version, sent_at, staleness = 0, {w: 0 for w in workers}, []
+    status = MPI.Status()
+    count = counter if counter is not None else {"sent": 0, "received": 0}
+    for _ in range(steps):
+        if sync:
+            total = np.zeros_like(shard)
+            for _ in range(W):
+                comm.Recv(g, source=MPI.ANY_SOURCE, tag=GRAD)
+                total += g
+                count["received"] += g.nbytes
+            shard -= lr * total / W
+            version += 1
+            send_params(comm, shard, workers)
+            count["sent"] += W * shard.nbytes
+        else:
+            for _ in range(W):
+                comm.Recv(g, source=MPI.ANY_SOURCE, tag=GRAD, status=status)
+                w = status.Get_source()
+                count["received"] += g.nbytes
+                staleness.append(version - sent_at[w])
+                shard -= lr / W * g
+                version += 1
+                comm.Send(shard, dest=w, tag=PARAM)
+                sent_at[w] = version
+                count["sent"] += shard.nbytes
+    return {"staleness": staleness, **count}
+
+
+# --------------------------------------------------------------------------- training runs
+def _split(comm, n_servers: int):
+    n = comm.Get_size()
+    if not 1 <= n_servers < n:
+        raise ValueError(f"need 1 <= n_servers < ranks ({n}), got n_servers={n_servers}")
+    return list(range(n_servers)), list(range(n_servers, n))
+
+
+def train_ps(steps: int = 10, global_batch: int = 24, lr: float = 0.1, n_servers: int = 1, sync: bool = True,
+             comm=None, worker_exchange=None, **problem) -> dict:
+    """Train the MLP with a parameter server; runs on every rank of ``comm`` (default: the world).
+
+    Returns on every rank ``{"params"}`` (the final flat parameters, gathered from the servers), plus on workers
+    ``{"losses", "worker_params"}`` (this worker's mini-batch loss per step, its last pulled parameters) and on servers ``{"staleness", "sent", "received"}``.
+    ``worker_exchange``: the workers' push/pull (default :func:`push_pull`; the exercise passes the learner's).
+    """
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm.Dup()                         # a private context: a failed run leaves no message behind
+    servers, workers = _split(comm, n_servers)
+    r = comm.Get_rank()
+    prob = Problem(**problem)
+    shards = shard_bounds(prob.n_params, n_servers)
+    exchange = worker_exchange or push_pull
+    out: dict = {}
+    if r in servers:
+        a, b = shards[r]
+        shard = prob.get()[a:b].copy()       # every rank built the same initial model; the server's copy rules
+        send_params(comm, shard, workers)    # the workers' first pull
+        out.update(serve(comm, shard, workers, steps, lr, sync=sync))
+        mine = shard
+    else:
+        params = np.empty(prob.n_params)
+        for s, (a, b) in enumerate(shards):
+            comm.Recv(params[a:b], source=s, tag=PARAM)
+        i, W = workers.index(r), len(workers)
+        losses = []
+        for step in range(steps):
+            g, loss = prob.grad(params, prob.batch(step, global_batch, i, W))
+            exchange(comm, g, params, shards)
+            losses.append(loss)
+        out["losses"] = losses
+        out["worker_params"] = params
+        mine = np.empty(0)
+    pieces = comm.allgather(mine if r in servers else None)
+    out["params"] = np.concatenate([pieces[s] for s in servers])
+    comm.Free()
+    return out
+
+
+def train_serial(steps: int = 10, global_batch: int = 24, lr: float = 0.1, **problem) -> dict:
+    """The reference: one process, plain SGD on the whole global batch."""
+    prob = Problem(**problem)
+    p = prob.get()
+    losses = []
+    for step in range(steps):
+        g, loss = prob.grad(p, prob.batch(step, global_batch))
+        p = p - lr * g
+        losses.append(loss)
+    return {"params": p, "losses": losses}
+
+
+def train_allreduce(steps: int = 10, global_batch: int = 24, lr: float = 0.1, comm=None, **problem) -> dict:
+    """Allreduce data parallelism on every rank of ``comm``: average the gradients, step everywhere."""
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    prob = Problem(**problem)
+    p = prob.get()
+    r, n = comm.Get_rank(), comm.Get_size()
+    losses = []
+    for step in range(steps):
+        g, loss = prob.grad(p, prob.batch(step, global_batch, r, n))
+        comm.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM)
+        p = p - lr * g / n
+        losses.append(comm.allreduce(loss) / n)
+    return {"params": p, "losses": losses}
+
+
+def compare_sync(steps: int = 5, global_batch: int = 24, lr: float = 0.1, n_servers: int = 1, comm=None,
+                 **problem) -> dict:
+    """Max |difference| of the final parameters: synchronous PS vs serial, allreduce vs serial (every rank)."""
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    kw = dict(steps=steps, global_batch=global_batch, lr=lr, **problem)
+    serial = train_serial(**kw)["params"]
+    ps = train_ps(n_servers=n_servers, comm=comm, **kw)["params"]
+    ar = train_allreduce(comm=comm, **kw)["params"]
+    d = {"ps_vs_serial": float(np.abs(ps - serial).max()), "allreduce_vs_serial": float(np.abs(ar - serial).max())}
+    return {k: comm.allreduce(v, op=MPI.MAX) for k, v in d.items()}
+
+
+def train_async(steps: int = 10, global_batch: int = 24, lr: float = 0.1, n_servers: int = 1, comm=None,
+                **problem) -> dict:
+    """An asynchronous PS run: the staleness each server saw (list of ints) and the final training loss.
+
+    The order in which gradients arrive depends on timing, so this run is not reproducible: it measures.
+    """
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    res = train_ps(steps=steps, global_batch=global_batch, lr=lr, n_servers=n_servers, sync=False, comm=comm,
+                   **problem)
+    stale = comm.allgather(res.get("staleness", []))
+    return {"staleness": [s for part in stale for s in part],
+            "final_loss": Problem(**problem).loss(res["params"])}
+
+
+def train_stale(staleness: int, steps: int = 50, global_batch: int = 24, lr: float = 0.1, **problem) -> dict:
+    """Deterministic emulation of asynchronous SGD in one process: the step at time t uses the gradient computed
+    at the parameters of time ``t - staleness`` (``staleness = 0`` is plain synchronous SGD). Returns the
+    training-set loss after every step."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    prob = Problem(**problem)
+    history = [prob.get()]
+    losses = []
+    for step in range(steps):
+        old = history[max(0, len(history) - 1 - staleness)]
+        g, _ = prob.grad(old, prob.batch(step, global_batch))
+        history.append(history[-1] - lr * g)
+        history = history[-(staleness + 1):]
+        losses.append(prob.loss(history[-1]))
+    return {"losses": losses, "params": history[-1]}
+
+
+# --------------------------------------------------------------------------- traffic
+class CountingComm:
+    """Wraps an mpi4py communicator and counts the bytes this rank sends and receives point to point."""
+
+    def __init__(self, comm):
+        self.comm, self.sent, self.received = comm, 0, 0
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+    def Get_size(self):
+        return self.comm.Get_size()
+
+    def Sendrecv(self, sendbuf, dest, recvbuf, source, **kw):
+        self.sent += np.asarray(sendbuf).nbytes
+        self.received += np.asarray(recvbuf).nbytes
+        return self.comm.Sendrecv(sendbuf, dest=dest, recvbuf=recvbuf, source=source, **kw)
+
+    def Send(self, buf, dest, **kw):
+        self.sent += np.asarray(buf).nbytes
+        return self.comm.Send(buf, dest=dest, **kw)
+
+    def Recv(self, buf, source, **kw):
+        self.received += np.asarray(buf).nbytes
+        return self.comm.Recv(buf, source=source, **kw)
+
+
+def traffic(n_params: int, n_servers: int = 1, steps: int = 2, comm=None) -> dict:
+    """Bytes per step that each rank sends + receives, counted on real messages, in two designs on ``comm``:
+    a synchronous PS (ranks < n_servers serve) and a ring allreduce over all ranks. Every rank returns
+    ``{"role", "ps_bytes", "ring_bytes"}`` for itself."""
+    from mpi4py import MPI
+
+    from ddlcourse.collectives import ring_allreduce
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    comm = comm.Dup()
+    servers, workers = _split(comm, n_servers)
+    r = comm.Get_rank()
+    shards = shard_bounds(n_params, n_servers)
+    if r in servers:
+        a, b = shards[r]
+        cnt = {"sent": 0, "received": 0}
+        serve(comm, np.zeros(b - a), workers, steps, lr=0.0, counter=cnt)
+        ps = (cnt["sent"] + cnt["received"]) / steps
+    else:
+        cc = CountingComm(comm)
+        params = np.zeros(n_params)
+        for _ in range(steps):
+            push_pull(cc, np.zeros(n_params), params, shards)
+        ps = (cc.sent + cc.received) / steps
+    cc = CountingComm(comm)
+    buf = np.zeros(n_params)
+    for _ in range(steps):
+        ring_allreduce(buf, cc)
+    comm.Free()
+    return {"role": "server" if r in servers else "worker", "ps_bytes": ps,
+            "ring_bytes": (cc.sent + cc.received) / steps}
+
+
+def traffic_model(n_params: int, n_ranks: int, n_servers: int = 1, bytes_per_param: int = 8) -> dict:
+    """Bytes per step (sent + received) predicted for one server, one worker and one ring-allreduce rank."""
+    P, W, N = n_params * bytes_per_param, n_ranks - n_servers, n_ranks
+    return {"server": 2 * W * P / n_servers, "worker": 2 * P, "ring": 2 * 2 * (N - 1) / N * P}
+
+
+def plot_traffic(rows: list[dict], n_params: int, n_servers: int = 1, ax=None):
+    """Measured bytes per step (markers) against the model (lines), by number of ranks."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    ns = [r["n_ranks"] for r in rows]
+    grid = range(min(ns), max(ns) + 1)
+    for key, label, colour in (("server", "PS server", "C3"), ("ring", "allreduce rank (ring)", "C0"),
+                               ("worker", "PS worker", "C2")):
+        ax.plot(list(grid), [traffic_model(n_params, n, n_servers)[key] / 1e3 for n in grid], "-", color=colour,
+                lw=1, label=f"{label}, model")
+        ax.plot(ns, [r[key] / 1e3 for r in rows], "o", color=colour, label=f"{label}, measured")
+    ax.set_xlabel("ranks (PS: 1 server + workers)")
+    ax.set_ylabel("kB sent + received per step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def traffic_on(n_ranks: int, n_params: int, n_servers: int = 1) -> dict | None:
+    """:func:`traffic` on the first ``n_ranks`` ranks, summarised: ``{"n_ranks", "server", "worker", "ring"}``
+    (the largest byte count of each role; None on ranks left out). Collective over the world."""
+    from mpi4py import MPI
+
+    from ddlcourse import dist
+
+    comm, _ = dist.subgroup(n_ranks)
+    res = traffic(n_params, n_servers, comm=comm) if comm is not None else None
+    allres = MPI.COMM_WORLD.allgather(res)
+    if comm is None:
+        return None
+    got = [x for x in allres if x]
+    return {"n_ranks": n_ranks,
+            "server": max(x["ps_bytes"] for x in got if x["role"] == "server"),
+            "worker": max(x["ps_bytes"] for x in got if x["role"] == "worker"),
+            "ring": max(x["ring_bytes"] for x in got)}
+
+
+# --------------------------------------------------------------------------- local SGD
+def train_local_sgd(period: int, steps: int = 40, global_batch: int = 24, lr: float = 0.1, comm=None,
+                    **problem) -> dict:
+    """Local SGD on every rank of ``comm``: each rank steps on its own share of each global batch and the
+    parameters are averaged (one allreduce) every ``period`` steps. ``period = 1`` is synchronous data
+    parallelism. Returns ``{"losses"}`` (training-set loss of the averaged model after each averaging),
+    ``{"at"}`` (the steps of those averagings) and ``{"bytes_per_step"}`` (ring-allreduce bytes per rank)."""
+    from mpi4py import MPI
+
+    if period < 1:
+        raise ValueError(f"period must be >= 1 step, got {period}")
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    prob = Problem(**problem)
+    p = prob.get()
+    r, n = comm.Get_rank(), comm.Get_size()
+    losses, at, averagings = [], [], 0
+    for step in range(steps):
+        g, _ = prob.grad(p, prob.batch(step, global_batch, r, n))
+        p = p - lr * g
+        if (step + 1) % period == 0 or step == steps - 1:
+            comm.Allreduce(MPI.IN_PLACE, p, op=MPI.SUM)
+            p /= n
+            averagings += 1
+            losses.append(prob.loss(p))
+            at.append(step + 1)
+    nbytes = 2 * (n - 1) / n * p.nbytes * averagings / steps
+    return {"losses": losses, "at": at, "bytes_per_step": nbytes, "params": p}
+
+
+def plot_losses(curves: dict, xlabel: str = "step", ax=None, title: str = ""):
+    """Loss curves ``{label: (steps, losses)}`` on one axis."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    for label, (x, y) in curves.items():
+        ax.plot(x, y, "-", lw=1.2, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("training loss")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax

@@ -1,0 +1,507 @@
+"""Tensor and sequence parallelism of a transformer block (notebook 12b · tensor and sequence parallelism).
+
+Megatron-LM (Shoeybi et al. 2019) splits a block over the ``t`` ranks of a tensor-parallel group:
+
+* attention: ``wq, wk, wv`` by *columns* (rank r keeps heads ``r*h/t .. (r+1)*h/t - 1``, each rank runs the
+  same attention code on its heads), ``wo`` by *rows* (each rank multiplies its heads' output: partial sums);
+* MLP: ``fc1`` by columns (local GELU), ``fc2`` by rows.
+
+Two conjugate collectives make it exact, forward and backward (autograd functions below):
+
+    f = copy_to_tp      identity forward,  all-reduce backward     (before a column layer: input replicated)
+    g = reduce_from_tp  all-reduce forward, identity backward       (after a row layer: sum the partials)
+
+Sequence parallelism (Korthikanti et al. 2022) notices that the all-reduce of ``g`` is a reduce-scatter
+followed by an all-gather, and moves the all-gather to just before the next column layer. In between (the
+LayerNorms, the residual adds, dropout) each rank holds only ``s/t`` of the tokens:
+
+    g  -> reduce_scatter_seq   reduce-scatter forward (sum the partials, keep my tokens), all-gather backward
+    f  -> gather_seq           all-gather forward (the whole sequence for the column layer), reduce-scatter backward
+
+The same bytes move (an all-reduce = reduce-scatter + all-gather), but the norms' activations shrink by ``t``.
+Parameters used on only a shard of the tokens (the norms, the row layers' biases) get *partial* gradients
+under sequence parallelism: :func:`sync_sequence_parallel_grads` all-reduces them.
+
+Every collective adds what this rank sends to :mod:`ddlcourse.parallel.traffic` (kind ``"tp"``).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+from ddlcourse.device import rank_device
+from ddlcourse.parallel import traffic
+
+
+def _size_rank(group):
+    return tdist.get_world_size(group), tdist.get_rank(group)
+
+
+def _all_reduce(x, group):
+    x = x.contiguous().clone()
+    t, _ = _size_rank(group)
+    traffic.add("tp", traffic.ring_bytes("all_reduce", x.numel() * x.element_size(), t))
+    tdist.all_reduce(x, group=group)
+    return x
+
+
+def _all_gather_seq(x, group, dim=1):
+    """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
+    t, _ = _size_rank(group)
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(t)]
+    traffic.add("tp", traffic.ring_bytes("all_gather", x.numel() * x.element_size() * t, t))
+    tdist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim)
+
+
+def _reduce_scatter_seq(x, group, dim=1):
+    """Sum ``x`` over the ranks and keep this rank's ``1/t`` slice along ``dim``."""
+    t, _ = _size_rank(group)
+    if x.shape[dim] % t:
+        raise ValueError(f"sequence length {x.shape[dim]} is not divisible by the tensor-parallel size {t}")
+    chunks = [c.contiguous() for c in x.chunk(t, dim)]
+    out = torch.empty_like(chunks[0])
+    traffic.add("tp", traffic.ring_bytes("reduce_scatter", x.numel() * x.element_size(), t))
+    tdist.reduce_scatter(out, chunks, group=group)
+    return out
+
+
+class _CopyToTP(torch.autograd.Function):
+    """f: identity forward; all-reduce of the input gradient backward (each rank holds part of it)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward (sum the row layer's partial outputs); identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherSeq(torch.autograd.Function):
+    """SP's f: all-gather the sequence forward; reduce-scatter the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_seq(grad, ctx.group), None
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    """SP's g: reduce-scatter along the sequence forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_seq(grad, ctx.group), None
+
+
+class _SplitSeq(torch.autograd.Function):
+    """Enter a sequence-parallel region from a replicated tensor: keep my slice; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t, r = _size_rank(group)
+        return x.chunk(t, 1)[r].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_seq(grad, ctx.group), None
+
+
+class _GatherSeqReplicated(torch.autograd.Function):
+    """Leave a sequence-parallel region into replicated code (every rank computes the same from the whole
+    sequence, so every rank has the whole gradient): all-gather forward, keep my slice backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t, r = _size_rank(ctx.group)
+        return grad.chunk(t, 1)[r].contiguous(), None
+
+
+def copy_to_tp(x, group=None):
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x, group=None):
+    return _ReduceFromTP.apply(x, group)
+
+
+def gather_seq(x, group=None):
+    return _GatherSeq.apply(x, group)
+
+
+def reduce_scatter_seq(x, group=None):
+    return _ReduceScatterSeq.apply(x, group)
+
+
+def split_seq(x, group=None):
+    return _SplitSeq.apply(x, group)
+
+
+def gather_seq_replicated(x, group=None):
+    return _GatherSeqReplicated.apply(x, group)
+
+
+# --------------------------------------------------------------------------- the parallel block
+def _cols(linear: nn.Linear, r: int, t: int) -> nn.Linear:
+    """Rows ``r/t`` of the weight (output features ``r*out/t ..``) and of the bias: a column-parallel shard."""
+    if linear.out_features % t:
+        raise ValueError(f"out_features {linear.out_features} is not divisible by the tensor-parallel size {t}")
+    k = linear.out_features // t
+    out = nn.Linear(linear.in_features, k, device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[r * k:(r + 1) * k])
+        out.bias.copy_(linear.bias[r * k:(r + 1) * k])
+    return out
+
+
+def _rows(linear: nn.Linear, r: int, t: int) -> tuple[nn.Linear, nn.Parameter]:
+    """Columns ``r/t`` of the weight (input features), without bias; the bias, whole, is returned apart
+    (it is added once, after the partial sums are reduced)."""
+    if linear.in_features % t:
+        raise ValueError(f"in_features {linear.in_features} is not divisible by the tensor-parallel size {t}")
+    k = linear.in_features // t
+    out = nn.Linear(k, linear.out_features, bias=False, device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[:, r * k:(r + 1) * k])
+    return out, nn.Parameter(linear.bias.detach().clone())
+
+
+class TensorParallelBlock(nn.Module):
+    """This rank's share of a serial :class:`ddlcourse.models.transformer.Block`.
+
+    ``sp=False``: ``forward(x, pos)`` takes and returns the whole sequence, replicated on every rank.
+    ``sp=True``: it takes and returns this rank's ``s/t`` tokens (``x.chunk(t, dim=1)[rank]``); ``pos`` are
+    the positions of the *whole* sequence (attention runs on the gathered sequence).
+    """
+
+    def __init__(self, block, group=None, sp: bool = False):
+        super().__init__()
+        t, r = _size_rank(group)
+        n_heads = block.attn.wq.out_features // block.attn.head_dim
+        if n_heads % t:
+            raise ValueError(f"{n_heads} heads do not split over {t} tensor-parallel ranks")
+        self.group, self.sp, self.t = group, sp, t
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.head_dim, self.attn_fn = block.attn.head_dim, block.attn.attn_fn
+        self.wq, self.wk, self.wv = (_cols(lin, r, t) for lin in (block.attn.wq, block.attn.wk, block.attn.wv))
+        self.wo, self.wo_bias = _rows(block.attn.wo, r, t)
+        self.fc1 = _cols(block.mlp.fc1, r, t)
+        self.fc2, self.fc2_bias = _rows(block.mlp.fc2, r, t)
+        # used on this rank's tokens only under sp: their gradients are partial sums over the ranks
+        for p in (*self.ln1.parameters(), *self.ln2.parameters(), self.wo_bias, self.fc2_bias):
+            p.sequence_parallel = sp
+
+    def _enter(self, h):    # before the column layers: the whole sequence, replicated
+        return gather_seq(h, self.group) if self.sp else copy_to_tp(h, self.group)
+
+    def _leave(self, y):    # after the row layers: sum the partial outputs (and keep my tokens under sp)
+        return reduce_scatter_seq(y, self.group) if self.sp else reduce_from_tp(y, self.group)
+
+    def attention(self, x, pos):
+        h = self._enter(self.ln1(x))                                          # (B, s, dim)
+        B, T, _ = h.shape
+
+        def heads(z):                                                         # (B, T, dim/t) -> (B, h/t, T, hd)
+            return z.view(B, T, -1, self.head_dim).transpose(1, 2)
+
+        o = self.attn_fn(heads(self.wq(h)), heads(self.wk(h)), heads(self.wv(h)), pos, pos)
+        return self._leave(self.wo(o.transpose(1, 2).reshape(B, T, -1))) + self.wo_bias
+
+    def mlp(self, x):
+        h = self._enter(self.ln2(x))
+        return self._leave(self.fc2(F.gelu(self.fc1(h)))) + self.fc2_bias
+
+    def forward(self, x, pos):
+        x = x + self.attention(x, pos)
+        return x + self.mlp(x)
+
+
+def sync_sequence_parallel_grads(module: nn.Module, group=None) -> None:
+    """All-reduce the gradients of the parameters that saw only this rank's tokens (sequence parallelism)."""
+    grads = [p.grad for p in module.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    if grads:
+        flat = _all_reduce(torch.cat([g.reshape(-1) for g in grads]), group)
+        i = 0
+        for g in grads:
+            g.copy_(flat[i:i + g.numel()].view_as(g))
+            i += g.numel()
+
+
+class TensorParallelTransformer(nn.Module):
+    """A serial :class:`ddlcourse.models.transformer.Transformer` with every block tensor parallel.
+
+    Embeddings, the final norm and the head are replicated (every rank computes them); with ``sp`` the
+    residual stream between them is split along the sequence. ``forward(idx) -> logits`` (whole, replicated).
+    """
+
+    def __init__(self, model, group=None, sp: bool = False):
+        super().__init__()
+        self.group, self.sp, self.cfg = group, sp, model.cfg
+        self.tok_emb, self.pos_emb = copy.deepcopy(model.tok_emb), copy.deepcopy(model.pos_emb)
+        self.blocks = nn.ModuleList(TensorParallelBlock(b, group, sp) for b in model.blocks)
+        self.ln_f, self.head = copy.deepcopy(model.ln_f), copy.deepcopy(model.head)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        if self.sp:
+            x = split_seq(x, self.group)
+        for b in self.blocks:
+            x = b(x, pos)
+        if self.sp:
+            x = gather_seq_replicated(x, self.group)
+        return self.head(self.ln_f(x))
+
+    def sync_grads(self):
+        sync_sequence_parallel_grads(self, self.group)
+
+
+# --------------------------------------------------------------------------- the same with DTensor
+def _mesh(group, device):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group or tdist.group.WORLD, torch.device(device).type)
+
+
+def dtensor_block(block, group=None, sp: bool = False, device=None):
+    """A copy of ``block`` parallelised with ``torch.distributed.tensor.parallel.parallelize_module``:
+    ``wq, wk, wv, fc1`` ColwiseParallel, ``wo, fc2`` RowwiseParallel; with ``sp`` the norms are
+    SequenceParallel, the attention and MLP inputs are all-gathered (PrepareModuleInput) and the row layers
+    reduce-scatter (``output_layouts=Shard(1)``). Returns ``(module, mesh)``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    mesh = _mesh(group, rank_device(device))
+    block = copy.deepcopy(block)
+    if not sp:
+        plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+                "attn.wo": RowwiseParallel(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+    else:
+        gather = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                    use_local_output=True)
+        plan = {"ln1": SequenceParallel(), "ln2": SequenceParallel(),
+                "attn": gather, "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
+                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=Shard(1),
+                                                                         use_local_output=False),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True),
+                "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=Shard(1),
+                                                                         use_local_output=False)}
+    return parallelize_module(block, mesh, plan), mesh
+
+
+# --------------------------------------------------------------------------- checks and measurements
+def _inputs(cfg, batch, seed, device):
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch, cfg.seq_len, cfg.dim, generator=g).to(device)
+    w = torch.randn(batch, cfg.seq_len, cfg.dim, generator=g).to(device)       # weights of a test loss
+    return x, w
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _grad_diffs(par, serial_block, r, t, full_grad):
+    """max |grad diff| between this rank's shards and the matching slices of the serial gradients."""
+    sa, sm = serial_block.attn, serial_block.mlp
+    k_a, k_m = sa.wq.out_features // t, sm.fc1.out_features // t
+    pairs = [(par.ln1.weight, serial_block.ln1.weight.grad), (par.ln1.bias, serial_block.ln1.bias.grad),
+             (par.ln2.weight, serial_block.ln2.weight.grad), (par.ln2.bias, serial_block.ln2.bias.grad)]
+    for name in ("wq", "wk", "wv"):
+        pairs += [(getattr(par, name).weight, getattr(sa, name).weight.grad[r * k_a:(r + 1) * k_a]),
+                  (getattr(par, name).bias, getattr(sa, name).bias.grad[r * k_a:(r + 1) * k_a])]
+    pairs += [(par.wo.weight, sa.wo.weight.grad[:, r * k_a:(r + 1) * k_a]), (par.wo_bias, sa.wo.bias.grad),
+              (par.fc1.weight, sm.fc1.weight.grad[r * k_m:(r + 1) * k_m]),
+              (par.fc1.bias, sm.fc1.bias.grad[r * k_m:(r + 1) * k_m]),
+              (par.fc2.weight, sm.fc2.weight.grad[:, r * k_m:(r + 1) * k_m]), (par.fc2_bias, sm.fc2.bias.grad)]
+    return max(float((full_grad(p) - ref).abs().max()) for p, ref in pairs)
+
+
+def compare_with_serial(cfg=None, batch: int = 2, group=None, seed: int = 0, device=None, dtensor: bool = True,
+                        n_layers_model: int = 2) -> dict:
+    """Run on every rank of ``group``: the serial block against the hand-written TP block, TP + SP block and
+    (``dtensor``) the DTensor TP and TP + SP blocks; output, input gradient and every parameter gradient
+    (max |diff| to serial); the DTensor blocks also against the hand-written ones; and a whole model
+    (``n_layers_model`` blocks, sp on) against the serial model."""
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    t, r = _size_rank(group)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
+    torch.manual_seed(seed)
+    block = T.Block(cfg).to(device)
+    pos = torch.arange(cfg.seq_len, device=device)
+    x, w = _inputs(cfg, batch, seed, device)
+    xs = x.clone().requires_grad_(True)
+    y_ref = block(xs, pos)
+    (y_ref * w).sum().backward()
+    mine = slice(r * cfg.seq_len // t, (r + 1) * cfg.seq_len // t)
+    out = {"rank": r}
+    outputs = {}
+    for sp in (False, True):
+        par = TensorParallelBlock(block, group, sp)
+        xin = (x[:, mine] if sp else x).clone().requires_grad_(True)
+        y = par(xin, pos)
+        (y * (w[:, mine] if sp else w)).sum().backward()
+        if sp:
+            sync_sequence_parallel_grads(par, group)
+        key = "tp_sp" if sp else "tp"
+        outputs[key] = y.detach()
+        out[key] = dict(out=float((y - y_ref[:, mine] if sp else y - y_ref).abs().max()),
+                        grad_input=float((xin.grad - (xs.grad[:, mine] if sp else xs.grad)).abs().max()),
+                        grad_params=_grad_diffs(par, block, r, t, lambda p: p.grad))
+    if dtensor:
+        from torch.distributed.tensor import DTensor, Shard
+
+        for sp in (False, True):
+            mod, mesh = dtensor_block(block, group, sp, device)
+            xin = (x[:, mine] if sp else x).clone().requires_grad_(True)
+            inp = DTensor.from_local(xin, mesh, [Shard(1)]) if sp else xin
+            y = _local(mod(inp, pos))
+            (y * (w[:, mine] if sp else w)).sum().backward()
+            key = "dtensor_sp" if sp else "dtensor"
+            shards = _DTensorShards(mod)
+            out[key] = dict(out=float((y - y_ref[:, mine] if sp else y - y_ref).abs().max()),
+                            grad_input=float((xin.grad - (xs.grad[:, mine] if sp else xs.grad)).abs().max()),
+                            grad_params=_grad_diffs(shards, block, r, t, lambda p: _full_grad_local(p)),
+                            vs_hand=float((y.detach() - outputs["tp_sp" if sp else "tp"]).abs().max()))
+    # the whole model, sequence parallel, against the serial model
+    model = T.build(T.TransformerConfig(**{**cfg.to_dict(), "n_layers": n_layers_model}), seed=seed, device=device)
+    idx = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=torch.Generator().manual_seed(seed + 3))
+    idx = idx.to(device)
+    tpm = TensorParallelTransformer(model, group, sp=True)
+    logits_ref, logits = model(idx), tpm(idx)
+    logits_ref.square().mean().backward()
+    logits.square().mean().backward()
+    tpm.sync_grads()
+    emb = float((tpm.tok_emb.weight.grad - model.tok_emb.weight.grad).abs().max())
+    out["model_sp"] = dict(out=float((logits - logits_ref).abs().max()), grad_params=max(
+        emb, *(_grad_diffs(pb, sb, r, t, lambda p: p.grad) for pb, sb in zip(tpm.blocks, model.blocks))))
+    return out
+
+
+class _DTensorShards:
+    """The parameters of a DTensor-parallelised block under the names :func:`_grad_diffs` uses."""
+
+    def __init__(self, mod):
+        a, m = mod.attn, mod.mlp
+        self.ln1, self.ln2, self.wq, self.wk, self.wv, self.wo, self.fc1 = (mod.ln1, mod.ln2, a.wq, a.wk, a.wv,
+                                                                            a.wo, m.fc1)
+        self.fc2 = m.fc2
+        self.wo_bias, self.fc2_bias = a.wo.bias, m.fc2.bias
+
+
+def _full_grad_local(p):
+    """This rank's shard of a DTensor parameter's gradient (a replicated one: the whole gradient)."""
+    g = p.grad
+    if hasattr(g, "placements"):
+        from torch.distributed.tensor import Replicate
+
+        if any(pl.is_partial() for pl in g.placements):
+            g = g.redistribute(g.device_mesh, [Replicate()])
+        return g.to_local()
+    return g
+
+
+def measure_block(cfg=None, batch: int = 2, sp: bool = False, group=None, seed: int = 0, device=None) -> dict:
+    """One tensor-parallel block on this rank: the bytes autograd keeps (forward) and the bytes this rank sends
+    (forward + backward), to set against :func:`ddlcourse.layout.activation_bytes_per_layer` and
+    :func:`ddlcourse.layout.comm_per_step`. ``group=None`` and one rank measure the serial block."""
+    from ddlcourse import layout as lay_mod
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    t, r = _size_rank(group)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=64, dim=64, n_heads=4, n_layers=1)
+    torch.manual_seed(seed)
+    block = TensorParallelBlock(T.Block(cfg).to(device), group, sp)
+    pos = torch.arange(cfg.seq_len, device=device)
+    s_loc = cfg.seq_len // t if sp else cfg.seq_len
+    x = torch.randn(batch, s_loc, cfg.dim, device=device, requires_grad=True)   # an activation: grads flow back
+    with traffic.counting() as sent:
+        with lay_mod.saved_activations(block) as saved:
+            y = block(x, pos)
+        y.sum().backward()
+    return dict(rank=r, sp=sp, saved=saved["bytes"], sent=sent["tp"], params=sum(p.numel() for p in block.parameters()))
+
+
+def activation_sweep(cfg, batch: int, group=None, device=None) -> list[dict]:
+    """:func:`measure_block` with and without sequence parallelism on ``group`` (one rank: the serial block)."""
+    return [measure_block(cfg, batch, sp, group, device=device) for sp in ((False, True) if _size_rank(group)[0] > 1
+                                                                        else (False,))]
+
+
+def train(cfg, steps: int, batch: int, lr: float = 3e-3, sp: bool = True, group=None, seed: int = 0,
+          device=None) -> dict:
+    """Train on the sort task with tensor (and sequence) parallelism: the same data, initialisation and
+    optimizer as :func:`ddlcourse.models.transformer.train_sort`. Returns the loss curve."""
+    from ddlcourse.data import tokens
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    n_symbols, length = cfg.vocab - 1, cfg.seq_len // 2
+    model = TensorParallelTransformer(T.build(cfg, seed=seed, device=device), group, sp)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        x, y = tokens.sort_batch(batch, n_symbols, length, seed=seed + 1, start=step * batch, device=device)
+        loss = T.lm_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        model.sync_grads()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return dict(losses=losses)
+
+
+def activation_formula(cfg, batch: int, t: int, sp: bool) -> float:
+    """The layout calculator's bytes per block and rank for this course's model (fp32)."""
+    from ddlcourse import layout as lay_mod
+
+    return lay_mod.activation_bytes_per_layer(lay_mod.Model.from_config(cfg),
+                                              lay_mod.Layout(tp=t, sp=sp, micro_batch=batch))
+
+
+__all__ = ["copy_to_tp", "reduce_from_tp", "gather_seq", "reduce_scatter_seq", "split_seq", "gather_seq_replicated",
+           "TensorParallelBlock", "TensorParallelTransformer", "sync_sequence_parallel_grads", "dtensor_block",
+           "compare_with_serial", "measure_block", "activation_sweep", "train", "activation_formula"]

@@ -1,0 +1,64 @@
+"""Ring attention (causal, contiguous and zig-zag) against full attention and the serial model, on 2 and 4 ranks."""
+import json
+
+import pytest
+import torch
+
+from ddlcourse.parallel import context
+
+CODE = """
+import json
+from mpi4py import MPI
+from ddlcourse import dist
+from ddlcourse.parallel import context
+dist.init(horovod=False)
+out = {}
+for layout in context.LAYOUTS:
+    a = context.compare_attention(seq_len=32, layout=layout)
+    m = context.compare_model(layout=layout)
+    out[layout] = dict(attn=max(v for k, v in a.items() if k in ("out", "dq", "dk", "dv")),
+                       model=max(m["loss_diff"], m["grad_diff"]), scores=a["scores"])
+res = MPI.COMM_WORLD.gather(out, root=0)
+if dist.rank() == 0:
+    print("RESULT" + json.dumps(res))
+dist.shutdown()
+"""
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_attention_equals_full_attention(mpi, n):
+    res = json.loads(mpi(n, CODE).stdout.split("RESULT")[1])
+    for layout in context.LAYOUTS:
+        assert max(r[layout]["attn"] for r in res) < 1e-12          # float64: exact up to rounding
+        assert max(r[layout]["model"] for r in res) < 1e-5          # float32 model, loss and every gradient
+        assert [r[layout]["scores"] for r in res] == context.scores_per_rank(32, n, layout)
+
+
+def test_positions_cover_the_sequence_once():
+    for cp in (1, 2, 4):
+        for layout in context.LAYOUTS:
+            allpos = torch.cat([context.positions(r, cp, 32, layout) for r in range(cp)])
+            assert sorted(allpos.tolist()) == list(range(32))
+    assert context.positions(1, 4, 32, "zigzag").tolist() == [4, 5, 6, 7, 24, 25, 26, 27]
+    with pytest.raises(ValueError, match="divisible"):
+        context.positions(0, 4, 12, "zigzag")
+    with pytest.raises(ValueError, match="layout"):
+        context.chunk_ids(0, 2, "spiral")
+
+
+def test_zigzag_balances_the_causal_work():
+    contiguous = context.scores_per_rank(256, 4, "contiguous")
+    zigzag = context.scores_per_rank(256, 4, "zigzag")
+    assert contiguous == [int(4096 * (r + 0.75)) for r in range(4)]  # rank r: r + 3/4 blocks of 64 x 64
+    assert zigzag == [32 * 32 * 9] * 4                               # every rank: 2cp + 1 half-chunk blocks
+    assert sum(zigzag) < sum(contiguous) * 1.01 + 1
+
+
+def test_online_softmax_equals_softmax_in_one_go():
+    torch.manual_seed(0)
+    s, v = torch.randn(3, 12, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
+    m, l, o = torch.full((3, 1), float("-inf"), dtype=torch.float64), torch.zeros(3, 1, dtype=torch.float64), \
+        torch.zeros(3, 5, dtype=torch.float64)
+    for blk in range(3):
+        m, l, o = context.online_softmax_update(m, l, o, s[:, 4 * blk:4 * blk + 4], v[4 * blk:4 * blk + 4])
+    assert torch.allclose(o / l, torch.softmax(s, -1) @ v, atol=1e-12)

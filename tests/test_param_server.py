@@ -1,0 +1,103 @@
+"""The parameter server: synchronous PS = allreduce data parallelism = serial (1 and 2 servers, 2 and 4 ranks),
+staleness emulation, traffic counted against the model, local SGD, and the push/pull exercise checker."""
+import numpy as np
+import pytest
+
+from ddlcourse.parallel import param_server as ps
+
+
+def test_shard_bounds_cover_everything():
+    b = ps.shard_bounds(10, 3)
+    assert b[0][0] == 0 and b[-1][1] == 10 and all(x[1] == y[0] for x, y in zip(b, b[1:]))
+    assert max(s - a for a, s in b) - min(s - a for a, s in b) <= 1
+    with pytest.raises(ValueError, match="at least one server"):
+        ps.shard_bounds(10, 0)
+
+
+def test_staleness_zero_is_serial_sgd_and_staleness_changes_the_path():
+    kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
+    s0 = ps.train_stale(0, **kw)
+    serial = ps.train_serial(**kw)
+    assert np.abs(s0["params"] - serial["params"]).max() < 1e-12
+    s2 = ps.train_stale(2, **kw)
+    assert np.abs(s2["params"] - serial["params"]).max() > 1e-6
+    with pytest.raises(ValueError, match="staleness"):
+        ps.train_stale(-1)
+
+
+def test_traffic_model():
+    m = ps.traffic_model(1000, n_ranks=5, n_servers=1)
+    assert m["server"] == 2 * 4 * 8000 and m["worker"] == 2 * 8000
+    assert m["ring"] == pytest.approx(4 * 4 / 5 * 8000)
+
+
+CODE = r"""
+import numpy as np
+from mpi4py import MPI
+from ddlcourse.parallel import param_server as ps
+c = MPI.COMM_WORLD
+servers = [1, 2] if c.size >= 4 else [1]
+sync = {S: ps.compare_sync(steps=4, lr=0.5, n_servers=S, n_train=48, dim=4, hidden=8) for S in servers}
+tr = ps.traffic(1000, n_servers=1, steps=2)
+trs = c.gather(tr, root=0)
+asy = ps.train_async(steps=3, n_train=48, dim=4, hidden=8)
+kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
+l1 = ps.train_local_sgd(1, **kw)
+ar = ps.train_allreduce(**kw)
+l3 = ps.train_local_sgd(3, **kw)
+d_local = c.allreduce(float(np.abs(l1["params"] - ar["params"]).max()), op=MPI.MAX)
+if c.rank == 0:
+    print(repr((sync, trs, len(asy["staleness"]), min(asy["staleness"]), d_local, l1["at"], l3["at"],
+                l1["bytes_per_step"], l3["bytes_per_step"])))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_sync_ps_equals_serial_and_allreduce(mpi, n):
+    sync, trs, n_stale, min_stale, d_local, at1, at3, b1, b3 = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
+    for d in sync.values():
+        assert d["ps_vs_serial"] < 1e-12 and d["allreduce_vs_serial"] < 1e-12, sync
+    model = ps.traffic_model(1000, n_ranks=n, n_servers=1)
+    for r, t in enumerate(trs):
+        assert t["role"] == ("server" if r == 0 else "worker")
+        assert t["ps_bytes"] == model[t["role"]]            # bytes counted on the real messages
+        assert t["ring_bytes"] == pytest.approx(model["ring"])
+    assert n_stale == 3 * (n - 1) and min_stale == 0
+    assert d_local < 1e-12                                  # local SGD with H = 1 is data parallelism
+    assert at1 == list(range(1, 7)) and at3 == [3, 6]
+    assert b3 == pytest.approx(b1 / 3)
+
+
+EXERCISE = r"""
+import numpy as np
+from mpi4py import MPI
+from ddlcourse import selfcheck
+from ddlcourse.parallel.param_server import push_pull, GRAD, PARAM
+from ddlcourse.exercises import nb04c_parameter_server as ex
+
+def mine(comm, grad, params, shards):          # a correct solution with non-blocking sends
+    reqs = [comm.Isend(np.ascontiguousarray(grad[a:b]), dest=s, tag=GRAD) for s, (a, b) in enumerate(shards)]
+    MPI.Request.Waitall(reqs)
+    for s, (a, b) in enumerate(shards):
+        comm.Recv(params[a:b], source=s, tag=PARAM)
+    return params
+
+def skeleton(comm, grad, params, shards):
+    raise NotImplementedError
+
+v = [selfcheck.run_checker("ps_push_pull", f) for f in (push_pull, mine, ex._push_params, ex._no_pull, skeleton)]
+allv = MPI.COMM_WORLD.gather([(x.ok, x.message) for x in v], root=0)
+if MPI.COMM_WORLD.rank == 0:
+    print(repr(allv))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_push_pull_exercise_checker(mpi, n):
+    allv = eval(mpi(n, EXERCISE).stdout.strip().splitlines()[-1])
+    assert all(r[0] == (True, "") and r[1] == (True, "") for r in allv)
+    assert all(not r[2][0] and "push the gradient" in r[2][1] for r in allv)
+    assert all(not r[3][0] and "never received" in r[3][1] for r in allv)
+    assert all(not r[4][0] and "not written yet" in r[4][1] for r in allv)     # no rank waits for ever
