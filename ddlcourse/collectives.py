@@ -16,9 +16,13 @@ call it with ``cluster.run(fn, ...)`` or ``%px``. ``comm`` defaults to ``MPI.COM
   :func:`fit_alpha_beta`; measuring: :func:`time_allreduce`, :func:`sweep`, :func:`bandwidth`;
   plots: :func:`plot_sweep`.
 * why bucketing / tensor fusion pays: :func:`fusion_demo`.
+
+The four allreduce functions take a NumPy array or a torch tensor on any device (CPU or GPU): see
+:func:`_host_buffer`.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -96,6 +100,51 @@ def collectives_tour(comm=None) -> dict:
 
 
 # --------------------------------------------------------------------------- allreduce by hand
+def _host_buffer(allreduce):
+    """Let an allreduce written on NumPy buffers take a torch tensor on any device, too.
+
+    mpi4py sends host memory: a GPU buffer would need a CUDA-aware MPI, which the course does not assume. So a
+    CUDA tensor is copied to the CPU, reduced there and copied back (the copies cost two trips over PCIe; NCCL
+    through ``torch.distributed`` avoids them). A contiguous CPU tensor is reduced in place through a NumPy view.
+    """
+    @functools.wraps(allreduce)
+    def wrapper(buf, comm=None):
+        if isinstance(buf, np.ndarray):
+            return allreduce(buf, comm)
+        import torch
+
+        if not torch.is_tensor(buf):
+            raise TypeError(f"{allreduce.__name__} needs a NumPy array or a torch tensor, got {type(buf).__name__}")
+        with torch.no_grad():
+            host = buf.detach().cpu().contiguous()         # a view of a contiguous CPU tensor, else a copy
+            allreduce(host.numpy(), comm)
+            if host.device != buf.device or host.data_ptr() != buf.data_ptr():
+                buf.copy_(host)                            # back to the device (or into the strided original)
+        return buf
+    return wrapper
+
+
+def ring_reduce_scatter(chunks: list, comm=None) -> list:
+    """The first half of the ring allreduce, in place on ``chunks`` (N NumPy arrays, this rank's copy).
+
+    At step s (0 .. N-2) rank r sends chunk (r - s) mod N to its right neighbour and adds the chunk
+    (r - s - 1) mod N received from its left one. Afterwards rank r holds the sum over all ranks of chunk
+    (r + 1) mod N; the other chunks hold partial sums. Returns ``chunks``.
+    """
+    comm = _comm(comm)
+    r, n = comm.Get_rank(), comm.Get_size()
+    if len(chunks) != n:
+        raise ValueError(f"ring_reduce_scatter needs one chunk per rank ({n}), got {len(chunks)}")
+    right, left = (r + 1) % n, (r - 1) % n
+    tmp = np.empty(max(len(ch) for ch in chunks), dtype=chunks[0].dtype)
+    for s in range(n - 1):
+        send_c, recv_c = chunks[(r - s) % n], chunks[(r - s - 1) % n]
+        comm.Sendrecv(send_c, dest=right, recvbuf=tmp[:len(recv_c)], source=left)
+        recv_c += tmp[:len(recv_c)]
+    return chunks
+
+
+@_host_buffer
 def ring_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """Sum ``buf`` over all ranks, in place, with the ring algorithm; returns ``buf``.
 
@@ -114,12 +163,7 @@ def ring_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     flat = buf.reshape(-1)
     chunks = np.array_split(flat, n)                       # views into buf, sizes differ by <= 1
     right, left = (r + 1) % n, (r - 1) % n
-    tmp = np.empty(len(chunks[0]), dtype=buf.dtype)
-    # reduce-scatter: at step s, send chunk (r - s), receive and accumulate chunk (r - s - 1)
-    for s in range(n - 1):
-        send_c, recv_c = chunks[(r - s) % n], chunks[(r - s - 1) % n]
-        comm.Sendrecv(send_c, dest=right, recvbuf=tmp[:len(recv_c)], source=left)
-        recv_c += tmp[:len(recv_c)]
+    ring_reduce_scatter(chunks, comm)
     # allgather: at step s, pass the finished chunk (r + 1 - s) on, receive chunk (r - s)
     for s in range(n - 1):
         send_c, recv_c = chunks[(r + 1 - s) % n], chunks[(r - s) % n]
@@ -127,6 +171,7 @@ def ring_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     return buf
 
 
+@_host_buffer
 def recursive_doubling_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """Sum ``buf`` over all ranks, in place, by recursive doubling; returns ``buf``.
 
@@ -159,6 +204,7 @@ def recursive_doubling_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     return buf
 
 
+@_host_buffer
 def reduce_bcast_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """The naive allreduce: ``Reduce`` to rank 0, then ``Bcast``; rank 0's link carries everything."""
     from mpi4py import MPI
@@ -172,6 +218,7 @@ def reduce_bcast_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     return buf
 
 
+@_host_buffer
 def mpi_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """The library's ``MPI.Allreduce`` (in place), the reference the others are measured against."""
     from mpi4py import MPI

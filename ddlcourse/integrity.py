@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from ddlcourse import losses as L
 from ddlcourse import sharding
 from ddlcourse.data.toy import teacher_classification
+from ddlcourse.device import rank_device
 from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
 from ddlcourse.schedules import scaled_lr, warmup_factor
 
@@ -48,6 +49,7 @@ MISTAKES = {
     "sampler_drop_last": "DistributedSampler drop_last (samples never seen)",
     "same_aug_seed": "same augmentation seed on every rank",
     "per_rank_bn": "per-rank batch-norm statistics",
+    "no_set_epoch": "sampler.set_epoch never called (every epoch repeats epoch 0's order)",
 }
 
 
@@ -82,27 +84,32 @@ def weak_scaling(k: int, micro_batch: int, base_lr: float, rule: str = "none", w
 
 
 # --------------------------------------------------------------------------- pieces
-def build_model(cfg: IntegrityConfig, sync_group=None, sync: bool = False) -> nn.Module:
-    """The same initial weights on every rank (seeded with the rank-0 seed, then broadcast anyway)."""
+def build_model(cfg: IntegrityConfig, sync_group=None, sync: bool = False, device=None) -> nn.Module:
+    """The same initial weights on every rank (seeded with the rank-0 seed, then broadcast anyway), drawn on the
+    CPU (the same on any device), on ``device`` (default: this rank's)."""
     torch.manual_seed(cfg.seed)
     layers = [nn.Linear(cfg.dim, cfg.hidden)]
     if cfg.batchnorm:
         layers.append(nn.BatchNorm1d(cfg.hidden))
     layers += [nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.n_classes)]
-    model = nn.Sequential(*layers).to(getattr(torch, cfg.dtype))
+    model = nn.Sequential(*layers).to(device=rank_device(device), dtype=getattr(torch, cfg.dtype))
     if cfg.batchnorm and sync:
         from ddlcourse.parallel.syncbn import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, group=sync_group)
     return model
 
 
-def data(cfg: IntegrityConfig):
+def data(cfg: IntegrityConfig, device=None):
+    """The whole data set ``(X, y)`` on ``device`` (default: this rank's); every rank uses only its shares."""
     X, y = teacher_classification(cfg.n_samples, cfg.dim, cfg.n_classes, seed=cfg.seed + 1)
-    return X.to(getattr(torch, cfg.dtype)), y
+    device = rank_device(device)
+    return X.to(device=device, dtype=getattr(torch, cfg.dtype)), y.to(device)
 
 
 def step_batches(cfg: IntegrityConfig, mistake: str, rank: int, world_size: int, epoch: int) -> list[np.ndarray]:
     """This rank's sample indices for every step of ``epoch``."""
+    if mistake == "no_set_epoch":          # like DistributedSampler without set_epoch(epoch): the seed never moves
+        epoch = 0
     if mistake in ("sampler_padding", "sampler_drop_last"):
         if cfg.global_batch % world_size:
             raise ValueError(f"DistributedSampler needs global_batch ({cfg.global_batch}) divisible by the ranks ({world_size})")
@@ -112,21 +119,24 @@ def step_batches(cfg: IntegrityConfig, mistake: str, rank: int, world_size: int,
     return sharding.sharded_batches(cfg.n_samples, cfg.global_batch, rank, world_size, epoch, cfg.seed)
 
 
-def augmentation_noise(cfg: IntegrityConfig, idx: np.ndarray, epoch: int, step: int, mistake: str) -> torch.Tensor:
-    """Jitter for the samples ``idx``, shape (len(idx), dim).
+def augmentation_noise(cfg: IntegrityConfig, idx: np.ndarray, epoch: int, step: int, mistake: str,
+                       device=None) -> torch.Tensor:
+    """Jitter for the samples ``idx``, shape (len(idx), dim), on ``device`` (default: this rank's).
 
     Correct: the noise is a function of (seed, epoch, *sample index*), so a sample gets the same jitter
     whichever rank holds it. Mistake: each rank draws from a generator seeded identically on every rank,
     so rank r's i-th sample gets the same noise as every other rank's i-th sample.
+    Drawn with a CPU generator (the same numbers on any device), then moved.
     """
     dtype = getattr(torch, cfg.dtype)
+    device = rank_device(device)
     g = torch.Generator()
     if mistake == "same_aug_seed":
         g.manual_seed(cfg.seed * 1_000_003 + 1000 * epoch + step)           # no rank in it: the bug
-        return torch.randn(len(idx), cfg.dim, generator=g, dtype=dtype)
+        return torch.randn(len(idx), cfg.dim, generator=g, dtype=dtype).to(device)
     g.manual_seed(cfg.seed * 1_000_003 + 1000 * epoch)
     table = torch.randn(cfg.n_samples, cfg.dim, generator=g, dtype=dtype)  # (n_samples, dim), one row per sample
-    return table[torch.as_tensor(idx, dtype=torch.long)]
+    return table[torch.as_tensor(idx, dtype=torch.long)].to(device)
 
 
 def _allreduce_sum(t: torch.Tensor, group, world_size: int) -> torch.Tensor:
@@ -143,15 +153,19 @@ def _sum_gradients(model: nn.Module, group) -> None:
 
 # --------------------------------------------------------------------------- training
 def train_on_ranks(cfg: IntegrityConfig, mistake: str = "none", rank: int = 0, world_size: int = 1,
-                   group=None) -> list[float]:
-    """Train on this rank's shares; return the global-batch mean loss of every step (the same on every rank)."""
+                   group=None, device=None) -> list[float]:
+    """Train on this rank's shares; return the global-batch mean loss of every step (the same on every rank).
+
+    Model and batches live on ``device`` (default: this rank's, ``dist.init().device``).
+    """
     if mistake not in MISTAKES:
         raise ValueError(f"unknown mistake {mistake!r}; choose one of {', '.join(MISTAKES)}")
     if mistake == "per_rank_bn" and not cfg.batchnorm:
         raise ValueError("mistake 'per_rank_bn' needs a model with batch norm: pass batchnorm=True")
-    X, y = data(cfg)
+    device = rank_device(device)
+    X, y = data(cfg, device=device)
     # step 2-3: same initial weights everywhere; batch norm synchronised over the group unless that is the mistake
-    model = build_model(cfg, group, sync=world_size > 1 and mistake != "per_rank_bn")
+    model = build_model(cfg, group, sync=world_size > 1 and mistake != "per_rank_bn", device=device)
     if world_size > 1:
         broadcast_parameters(model, group=group)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
@@ -160,9 +174,10 @@ def train_on_ranks(cfg: IntegrityConfig, mistake: str = "none", rank: int = 0, w
         for idx in step_batches(cfg, mistake, rank, world_size, epoch):
             for gr in opt.param_groups:
                 gr["lr"] = cfg.lr * warmup_factor(step, cfg.warmup_steps)
-            xb, yb = X[torch.as_tensor(idx, dtype=torch.long)], y[torch.as_tensor(idx, dtype=torch.long)]
+            mine = torch.as_tensor(idx, dtype=torch.long, device=device)
+            xb, yb = X[mine], y[mine]
             if cfg.aug_noise:
-                xb = xb + cfg.aug_noise * augmentation_noise(cfg, idx, epoch, step, mistake)
+                xb = xb + cfg.aug_noise * augmentation_noise(cfg, idx, epoch, step, mistake, device=device)
             per_sample = F.cross_entropy(model(xb), yb, reduction="none")      # (m_r,)
             M = L.global_count(len(idx), group) if world_size > 1 else len(idx)   # global batch size
             if mistake in ("sum_grads", "mean_of_means"):
@@ -183,13 +198,14 @@ def train_on_ranks(cfg: IntegrityConfig, mistake: str = "none", rank: int = 0, w
     return history
 
 
-def serial(mistake: str = "none", **overrides) -> list[float]:
-    """The reference: one process, no communication at all."""
-    return train_on_ranks(make_config(**overrides), mistake)
+def serial(mistake: str = "none", device=None, **overrides) -> list[float]:
+    """The reference: one process, no communication at all (on ``device``, default this process's)."""
+    return train_on_ranks(make_config(**overrides), mistake, device=device)
 
 
-def run(k: int, mistake: str = "none", **overrides):
-    """On every engine of a cluster: train on the first ``k`` ranks; ``None`` on the others."""
+def run(k: int, mistake: str = "none", device=None, **overrides):
+    """On every engine of a cluster: train on the first ``k`` ranks (on ``device``, default the rank's,
+    ``dist.init().device``); ``None`` on the others."""
     from ddlcourse import dist
 
     dist.init(horovod=False)
@@ -197,7 +213,7 @@ def run(k: int, mistake: str = "none", **overrides):
     comm, group = dist.subgroup(k)
     if comm is None:
         return None
-    return train_on_ranks(make_config(**overrides), mistake, comm.Get_rank(), k, group)
+    return train_on_ranks(make_config(**overrides), mistake, comm.Get_rank(), k, group, device=device)
 
 
 def run_all(specs: list) -> dict | None:
@@ -267,4 +283,48 @@ def plot_deviation(reference, curves: dict, ax=None, tol: float | None = None):
         ax.axhline(tol, color="k", ls="--", lw=0.8, label=f"tolerance {tol:g}")
     ax.set(xlabel="step", ylabel="|loss - 1-rank loss|", ylim=(1e-17, 10))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return ax
+
+
+# --------------------------------------------------------------------------- comparing the labs' runs on 1, 2, 4 ranks
+def max_rel_diff(a, b) -> float:
+    """Largest relative difference ``|a - b| / |b|`` of two loss trajectories over their common steps."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    n = min(len(a), len(b))
+    if n == 0:
+        raise ValueError("no common steps to compare")
+    return float(np.max(np.abs(a[:n] - b[:n]) / np.abs(b[:n])))
+
+
+def losses_agree(reference, other, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    """Same length, and every step within ``atol + rtol * |reference|`` (``np.allclose``): the strict check."""
+    a, b = np.asarray(reference, float), np.asarray(other, float)
+    return a.shape == b.shape and a.size > 0 and bool(np.allclose(b, a, rtol=rtol, atol=atol))
+
+
+def compare_runs(runs: dict, reference=1, check=None) -> dict:
+    """``{label: agrees with runs[reference]}`` for every other run (``runs``: label -> loss trajectory).
+
+    ``check(reference, other) -> bool`` defaults to :func:`trajectories_agree` (float32 training).
+    """
+    if reference not in runs:
+        raise KeyError(f"no reference run {reference!r} among {list(runs)}")
+    check = check or trajectories_agree
+    return {k: bool(check(runs[reference], v)) for k, v in runs.items() if k != reference}
+
+
+def plot_rel_deviation(reference, curves: dict, ax=None):
+    """``|loss - reference| / reference`` per step, one line per run (log scale)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.6, 3.2))
+    ref = np.asarray(reference, float)
+    for label, loss in curves.items():
+        n = min(len(ref), len(loss))
+        ax.semilogy(np.abs(np.asarray(loss[:n], float) - ref[:n]) / np.abs(ref[:n]) + 1e-9, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("relative difference to 1 rank")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     return ax

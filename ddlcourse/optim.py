@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from ddlcourse.device import now, rank_device
 from ddlcourse.schedules import with_warmup  # re-exported: the warmup the course uses everywhere
 
 OPTIMIZERS = ("sgd", "adam", "lars", "lamb", "shampoo", "soap")
@@ -50,7 +51,7 @@ _DEFAULTS = {
 }
 
 __all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "with_warmup", "broadcast_state",
-           "state_tensors"]
+           "state_tensors", "lars_trust_ratio", "lamb_trust_ratio"]
 
 
 def _pytorch_optimizer(name: str):
@@ -124,16 +125,39 @@ RECIPES = {
 }
 
 
+def lars_trust_ratio(weight: torch.Tensor, grad: torch.Tensor, eta: float = 0.001,
+                     weight_decay: float = 0.0) -> float:
+    """LARS's layer-wise trust ratio (You et al. 2017): ``eta * ||w|| / (||g|| + weight_decay * ||w||)``.
+
+    The layer's step is ``lr * ratio * (g + weight_decay * w)``. 1 when ``||w||`` or the denominator is 0
+    (a freshly zero-initialised bias would otherwise never move).
+    """
+    w_norm, g_norm = float(torch.linalg.vector_norm(weight)), float(torch.linalg.vector_norm(grad))
+    denom = g_norm + weight_decay * w_norm
+    return eta * w_norm / denom if w_norm > 0 and denom > 0 else 1.0
+
+
+def lamb_trust_ratio(weight: torch.Tensor, adam_step: torch.Tensor, weight_decay: float = 0.0) -> float:
+    """LAMB's layer-wise trust ratio (You et al. 2020): ``||w|| / ||u||`` with ``u = adam_step + weight_decay * w``.
+
+    ``adam_step`` is Adam's bias-corrected ``m_hat / (sqrt(v_hat) + eps)``; the layer moves by ``lr * ratio * u``.
+    1 when either norm is 0.
+    """
+    u = adam_step + weight_decay * weight
+    w_norm, u_norm = float(torch.linalg.vector_norm(weight)), float(torch.linalg.vector_norm(u))
+    return w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+
+
 def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int = 1024, dim: int = 16,
-                    hidden: int = 64, base_batch: int = 32, warmup_frac: float = 0.1, seed: int = 0) -> dict:
+                    hidden: int = 64, base_batch: int = 32, warmup_frac: float = 0.1, seed: int = 0,
+                    device=None) -> dict:
     """Train an MLP on ``teacher_classification`` with optimizer ``name`` at ``global_batch`` (one process).
 
     The lr follows :data:`RECIPES` (scaled from ``base_batch``), with linear warmup over ``warmup_frac``
     of the steps. The same number of epochs at every batch size, so larger batches take fewer steps.
+    Model and data live on ``device`` (default: this rank's); the clock waits for it.
     Returns ``{"name", "global_batch", "lr", "losses" (per step), "seconds" (cumulative), "test_acc"}``.
     """
-    import time
-
     from ddlcourse.data.toy import teacher_classification
     from ddlcourse.models.small import MLP
     from ddlcourse.schedules import scaled_lr
@@ -141,24 +165,26 @@ def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int 
     X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
     Xt, yt = teacher_classification(1024, dim=dim, n_classes=4, seed=seed, label_noise=0.0)
     Xt, yt = Xt[-512:], yt[-512:]
+    device = rank_device(device)
+    X, y, Xt, yt = X.to(device), y.to(device), Xt.to(device), yt.to(device)
     steps = max(1, epochs * n_train // global_batch)
     base_lr, rule = RECIPES[name]
     lr = scaled_lr(base_lr, global_batch, base_batch, rule)
     torch.manual_seed(seed)
-    model = MLP(dim, 4, hidden=hidden)
+    model = MLP(dim, 4, hidden=hidden).to(device)        # initialised on the CPU: the same weights on any device
     opt, sched = make_optimizer_and_schedule(name, model.parameters(), lr, warmup_steps=max(1, int(warmup_frac * steps)))
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n_train, generator=g)
-    losses, seconds, t0 = [], [], time.perf_counter()
+    perm = torch.randperm(n_train, generator=g).to(device)          # a CPU generator: the same order on any device
+    losses, seconds, t0 = [], [], now(device)
     for step in range(steps):
-        idx = perm[(torch.arange(global_batch) + step * global_batch) % n_train]
+        idx = perm[(torch.arange(global_batch, device=device) + step * global_batch) % n_train]
         loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         losses.append(loss.item())
-        seconds.append(time.perf_counter() - t0)
+        seconds.append(now(device) - t0)
     with torch.no_grad():
         acc = (model(Xt).argmax(1) == yt).float().mean().item()
     return dict(name=name, global_batch=global_batch, lr=lr, losses=losses, seconds=seconds, test_acc=acc)
@@ -172,12 +198,13 @@ def run_share(configs: list[dict]) -> list[dict]:
 
 
 def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False, fix: bool = False,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, device=None) -> dict:
     """Data-parallel training (DDP) with optimizer ``name``: do the ranks' optimizer states and parameters agree?
 
     ``perturb``: after the first step, rank 1 scales its optimizer state (as if it had resumed from another
     checkpoint). ``fix``: then :func:`broadcast_state` from rank 0. Runs on every rank; returns the largest
-    difference across ranks of the state tensors and of the parameters after ``steps`` steps.
+    difference across ranks of the state tensors and of the parameters after ``steps`` steps. Model and data
+    live on ``device`` (default: the rank's, ``dist.init().device``).
     """
     from mpi4py import MPI
 
@@ -187,13 +214,15 @@ def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False,
     from ddlcourse.parallel.data_parallel import unwrap, wrap
 
     info = dist.init(horovod=False)
+    device = rank_device(device)
     X, y = teacher_classification(256, dim=8, n_classes=4, seed=seed)
+    X, y = X.to(device), y.to(device)
     torch.manual_seed(seed)
-    model = MLP(8, 4, hidden=16)
+    model = MLP(8, 4, hidden=16).to(device)
     opt = make_optimizer(name, model.parameters(), lr=RECIPES[name][0])
     model, opt = wrap(model, opt, backend="ddp")
     for step in range(steps):
-        idx = torch.arange(step * 32, step * 32 + 32)[info.rank::info.world_size]
+        idx = torch.arange(step * 32, step * 32 + 32, device=device)[info.rank::info.world_size]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
         opt.step()
@@ -208,7 +237,8 @@ def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False,
     comm = dist._comm()
 
     def spread(tensors):
-        flat = torch.cat([t.detach().float().flatten() for t in tensors]).numpy()
+        # mpi4py reduces host buffers (unless the MPI is CUDA-aware): copy to the CPU first
+        flat = torch.cat([t.detach().float().flatten() for t in tensors]).cpu().numpy()
         lo, hi = flat.copy(), flat.copy()
         comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
         comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)

@@ -6,6 +6,7 @@ from ddlcourse import collectives as col
 
 CODE = r"""
 import numpy as np
+import torch
 from mpi4py import MPI
 from ddlcourse import collectives as col
 comm = MPI.COMM_WORLD
@@ -25,6 +26,15 @@ for algo in ("ring", "recursive_doubling", "reduce_bcast"):
     got = col.ALGORITHMS[algo](y, comm)
     assert got.shape == (3, 5)
     worst = max(worst, float(np.abs(got - n * (n - 1) / 2).max()))
+    # torch tensors too, reduced in place: a contiguous one (through a NumPy view) and a strided view (a copy);
+    # a CUDA tensor takes the copy path as well (mpi4py needs host memory)
+    tc = torch.full((5,), float(r), requires_grad=True)
+    assert col.ALGORITHMS[algo](tc, comm) is tc
+    worst = max(worst, float((tc.detach() - n * (n - 1) / 2).abs().max()))
+    base = torch.arange(12.0).reshape(4, 3) * (r + 1)
+    view = base.t()                                        # (3, 4), not contiguous
+    col.ALGORITHMS[algo](view, comm)
+    worst = max(worst, float((base - torch.arange(12.0).reshape(4, 3) * n * (n + 1) / 2).abs().max()))
 ring = col.ring_pass(comm)
 assert ring["value"] == (r - 1) % n
 tour = col.collectives_tour(comm)

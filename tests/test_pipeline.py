@@ -72,3 +72,40 @@ dist.shutdown()
 def test_same_as_torch_pipelining(mpi):
     p = mpi(2, TORCH_CODE)
     assert float(p.stdout.split("DIFF")[1].split()[0]) < 1e-5, p.stdout + p.stderr[-2000:]
+
+
+WORK_CODE = """
+from ddlcourse import dist
+from ddlcourse.parallel import pipeline, model_parallel as mp
+from ddlcourse.data.toy import teacher_classification
+from torch import nn
+dist.init(horovod=False)
+slept = []
+pipeline._emulate = slept.append          # record the emulated work instead of sleeping
+s, p = dist.rank(), dist.world_size()
+X, Y = teacher_classification(24, dim=16, n_classes=4, seed=0)
+for m in (1, 4, 6):
+    slept.clear()
+    stage = mp.stage_module(mp.demo_model(0, n_layers=4), s, p)
+    pipeline.run(stage, list(X.chunk(m)), list(Y.chunk(m)), nn.CrossEntropyLoss(), "1f1b",
+                 delay_s=0.3, overhead_s=0.01)
+    print(f"RANK {s} M {m} TOTAL {sum(slept):.6f} N {len(slept)}")
+dist.shutdown()
+"""
+
+
+def test_emulated_work_scales_with_micro_batch(mpi):
+    # Same global batch: the emulated work of the batch (3 * delay_s per stage) is the same for every m;
+    # only the fixed per-micro-batch overhead (2 * m * overhead_s) grows with m.
+    out = mpi(2, WORK_CODE).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith("RANK")]
+    assert len(rows) == 6, out
+    for _, _, _, m, _, total, _, n in rows:
+        assert int(n) == 2 * int(m)
+        assert float(total) == pytest.approx(3 * 0.3 + 2 * int(m) * 0.01, rel=1e-9), out
+    assert pipeline_predicted(2, 4) == pytest.approx((4 + 1) * (3 * 0.3 / 4 + 2 * 0.01))
+
+
+def pipeline_predicted(p, m):
+    from ddlcourse.parallel.pipeline import predicted_step_time
+    return predicted_step_time(p, m, 0.3, 0.01)

@@ -36,3 +36,35 @@ def test_owners_balanced():
     ps = [torch.empty(n) for n in (100, 50, 50, 10, 10)]
     assert assign_owners(ps, 2) == [0, 1, 1, 0, 1]
     assert predicted_bytes_per_param("zero2", 4) == 7.0
+
+
+VOLUME_CODE = """
+from ddlcourse import dist
+from ddlcourse.parallel import sharded
+dist.init(horovod=False)
+for mode in sharded.MODES:
+    r = sharded.train(mode, steps=2, global_batch=24, dim=16, hidden=48, depth=2, count_bytes=True)
+    tot = sum(r["sent"].values())
+    print("VOL", dist.rank(), mode, tot, sharded.predicted_comm_bytes(mode, r["n_params"], dist.world_size()))
+dist.shutdown()
+"""
+
+
+def test_communication_volume_counted_on_ranks(mpi):
+    # The bytes the ranks' collectives send per step (counted where they are called) against the formula:
+    # ZeRO-1/2 send what DDP sends, ZeRO-3 (FSDP) 1.5 times as much.
+    out = mpi(3, VOLUME_CODE).stdout
+    rows = [l.split() for l in out.splitlines() if l.startswith("VOL")]
+    assert len(rows) == 3 * 4, out
+    got = {(int(r[1]), r[2]): (float(r[3]), float(r[4])) for r in rows}
+    for (rank, mode), (measured, predicted) in got.items():
+        assert measured == pytest.approx(predicted, rel=0.05), (rank, mode, out)
+        assert measured / got[(rank, "ddp")][0] == pytest.approx(1.5 if mode == "fsdp" else 1.0, rel=0.05)
+
+
+def test_predicted_comm_bytes():
+    from ddlcourse.parallel.sharded import predicted_comm_bytes
+    assert predicted_comm_bytes("fsdp", 100, 4) == pytest.approx(1.5 * predicted_comm_bytes("ddp", 100, 4))
+    assert predicted_comm_bytes("ddp", 100, 1) == 0
+    with pytest.raises(ValueError):
+        predicted_comm_bytes("zero4", 100, 4)

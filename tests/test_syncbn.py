@@ -79,6 +79,22 @@ def test_bad_input():
         SyncBatchNorm(3)(torch.randn(3))
     with pytest.raises(ValueError, match="channels"):
         SyncBatchNorm(3)(torch.randn(4, 2))
+    with pytest.raises(ValueError, match="empty global batch"):      # on CPU tensors the count is checked
+        SyncBatchNorm(3)(torch.randn(0, 3, 2))
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.0])
+def test_forward_and_backward_never_read_a_device_tensor_on_the_host(momentum):
+    """On a GPU, reading the global count (``if count < 1``) would stall the stream in every layer.
+
+    Meta tensors have no data, so any host read of one (``bool``, ``item``, ``float``) raises: a forward and
+    backward in training mode on the meta device proves there is none.
+    """
+    bn = SyncBatchNorm(3, momentum=momentum, device="meta")
+    x = torch.empty(4, 3, 5, 5, device="meta", requires_grad=True)
+    y = bn(x)
+    y.sum().backward()
+    assert y.device.type == x.grad.device.type == bn.running_var.device.type == "meta"
 
 
 CODE = r"""

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.device import rank_device
+
 BACKENDS = ("allreduce", "ddp", "horovod")
 
 
@@ -37,13 +39,18 @@ def average_gradients(model: nn.Module, group=None) -> None:
             p.grad.div_(n)
 
 
+def average_grad_hook(p: torch.Tensor, group=None) -> None:
+    """The hook of the hand-written way: replace ``p.grad`` by its mean over the ranks of ``group``, in place
+    (a sum by allreduce, then a division by the number of ranks). Register it with
+    ``p.register_post_accumulate_grad_hook``, so that it runs as soon as backward has produced ``p.grad``."""
+    tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM, group=group)
+    p.grad.div_(tdist.get_world_size(group))
+
+
 def add_allreduce_hooks(model: nn.Module, group=None) -> list:
     """Average each gradient over the ranks as soon as it is accumulated (hand-written DDP, no buckets)."""
-    n = tdist.get_world_size(group)
-
     def hook(p: torch.Tensor) -> None:
-        tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM, group=group)
-        p.grad.div_(n)
+        average_grad_hook(p, group)
 
     return [p.register_post_accumulate_grad_hook(hook) for p in model.parameters() if p.requires_grad]
 
@@ -74,7 +81,11 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
     if backend == "ddp":
         dev = next(model.parameters()).device
         ids = [dev.index] if dev.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group, **ddp_kwargs), optimizer
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group, **ddp_kwargs)
+        if dev.type == "cpu":   # with $DDLCOURSE_DDP_HOOK=mpi, CPU buckets go through MPI (GPU buckets keep NCCL)
+            from ddlcourse.parallel.mpi_hook import register_mpi_hook
+            register_mpi_hook(ddp, group)
+        return ddp, optimizer
     broadcast_parameters(model, group=group)
     model._ddl_hooks = add_allreduce_hooks(model, group)
     return model, optimizer
@@ -122,13 +133,14 @@ def _make_opt(name: str, params, lr: float):
 
 def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 512, dim: int = 16,
               hidden: int = 32, optimizer: str = "sgd", lr: float = 0.1, seed: int = 0,
-              compression: str = "none", n_ranks: int | None = None) -> dict | None:
+              compression: str = "none", n_ranks: int | None = None, device=None) -> dict | None:
     """Train the same MLP on the same global batches one of :data:`WAYS`; runs on every rank.
 
     ``serial``: each rank trains on the whole global batch alone (the reference). Every other way
     splits each global batch into equal per-rank shares. ``n_ranks`` limits the run to the first
     ranks (not for horovod, which spans the world). Returns ``{"params", "losses"}`` on the ranks
     that took part (params as a flat NumPy array, losses of the global batch), None on the others.
+    Model and batches live on ``device`` (default: the rank's, ``dist.init().device``).
     """
     from ddlcourse import dist
     from ddlcourse.data.toy import teacher_classification
@@ -137,6 +149,7 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
     if way not in WAYS:
         raise ValueError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
     dist.init(horovod=(way == "horovod"))
+    device = rank_device(device)
     group = None
     if n_ranks is not None and way != "serial":
         if way == "horovod" and n_ranks != dist.world_size():
@@ -149,10 +162,11 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
     if global_batch % world:
         raise ValueError(f"global_batch {global_batch} must be divisible by the {world} ranks")
     X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
+    X, y = X.to(device), y.to(device)
     # Each rank initialises its own model differently on purpose: step 3 (broadcast) must fix that.
     # The serial reference uses rank 0's seed, the one the broadcast spreads.
     torch.manual_seed(dist.seed_for_rank(seed, 0 if way == "serial" else dist.rank()))
-    model = MLP(dim, 4, hidden=hidden)
+    model = MLP(dim, 4, hidden=hidden).to(device)
     opt = _make_opt(optimizer, model.parameters(), lr)
     hooks = None
     if way in ("allreduce", "ddp", "horovod"):
@@ -163,7 +177,7 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
     losses = []
     for step in range(steps):
         start = (step * global_batch) % n_train
-        idx = (torch.arange(global_batch) + start) % n_train   # this step's global batch
+        idx = (torch.arange(global_batch, device=device) + start) % n_train   # this step's global batch
         mine = idx[r::world]                                   # this rank's equal share
         loss = nn.functional.cross_entropy(model(X[mine]), y[mine])
         opt.zero_grad()
@@ -177,22 +191,23 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
         if world > 1:
             tdist.all_reduce(lg, group=group)
         losses.append(lg.item() / world)
-    params = torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).numpy()
+    params = torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).cpu().numpy()
     return {"params": params, "losses": losses}
 
 
 def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hidden: int = 256,
-             depth: int = 4, warmup: int = 2) -> dict:
+             depth: int = 4, warmup: int = 2, device=None) -> dict:
     """Median seconds per training step of an MLP on random data, one of :data:`WAYS` (not serial);
-    the slowest rank's time. Runs on every rank."""
+    the slowest rank's time, with the device synchronised before each clock read. Runs on every rank."""
     from ddlcourse import bench, dist
     from ddlcourse.models.small import MLP
 
     if way == "serial" or way not in WAYS:
         raise ValueError(f"time_way needs a parallel way, one of {', '.join(WAYS[1:])}")
     dist.init(horovod=(way == "horovod"))
+    device = rank_device(device)
     torch.manual_seed(0)
-    model = MLP(dim, 10, hidden=hidden, depth=depth)
+    model = MLP(dim, 10, hidden=hidden, depth=depth).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     hooks = None
     if way in ("allreduce", "ddp", "horovod"):
@@ -201,8 +216,8 @@ def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hi
         broadcast_parameters(model)
         hooks = OverlappingHooks(model) if way == "overlap" else None
     g = torch.Generator().manual_seed(dist.seed_for_rank(1, dist.rank()))
-    x = torch.randn(micro_batch, dim, generator=g)
-    t = torch.randint(0, 10, (micro_batch,), generator=g)
+    x = torch.randn(micro_batch, dim, generator=g).to(device)        # drawn on the CPU: the same numbers on any device
+    t = torch.randint(0, 10, (micro_batch,), generator=g).to(device)
 
     def step():
         opt.zero_grad()
@@ -214,7 +229,7 @@ def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hi
         opt.step()
 
     st = bench.time_steps(step, n_steps=steps, warmup=warmup, samples_per_step=micro_batch * dist.world_size(),
-                          sync=dist.barrier)
+                          sync=dist.barrier, device=device)
     if hooks is not None:
         hooks.remove()
     n_params = sum(p.numel() for p in unwrap(model).parameters())

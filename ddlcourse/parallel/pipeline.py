@@ -32,6 +32,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.device import rank_device
 from ddlcourse.parallel.model_parallel import (Sender, Timeline, _emulate, _global, demo_model, gather_events,
                                                idle_fraction, recv_tensor, stage_module)
 
@@ -41,6 +42,14 @@ SCHEDULES = ("gpipe", "1f1b")
 def predicted_bubble(num_stages: int, num_micro_batches: int) -> float:
     """(p - 1) / (m + p - 1)."""
     return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+
+
+def predicted_step_time(num_stages: int, num_micro_batches: int, delay_s: float, overhead_s: float = 0.0) -> float:
+    """Makespan of one pipelined step with the emulated work of :func:`run` and free messages:
+    ``(m + p - 1)`` forward slots and as many backward slots, a forward slot lasting ``delay_s / m + overhead_s``
+    and a backward slot ``2 * delay_s / m + overhead_s``. It falls as ``1/m`` at first, then grows as ``m``."""
+    m, p = num_micro_batches, num_stages
+    return (m + p - 1) * (3 * delay_s / m + 2 * overhead_s)
 
 
 def schedule_order(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> list[tuple[str, int]]:
@@ -61,30 +70,48 @@ def schedule_order(schedule: str, stage: int, num_stages: int, num_micro_batches
 
 
 def run(stage: nn.Module, micro_batches, targets, loss_fn, schedule: str = "1f1b", group=None,
-        delay_s: float = 0.0) -> dict:
+        delay_s: float = 0.0, device=None, overhead_s: float = 0.0) -> dict:
     """One pipelined forward+backward over the micro-batches; gradients accumulate in ``stage``.
 
     ``stage``: this rank's module; rank ``s`` of ``group`` (default: the world) runs stage ``s``, so build the
     group from the ranks in stage order (e.g. ``torch.distributed.new_group([4, 5, 6, 7])``).
     ``micro_batches``: list of inputs (read on the first stage; elsewhere only its length counts, so
     ``[None] * m`` will do).
-    ``targets``: list of targets (read on the last stage). ``delay_s``: emulated compute per forward
-    (twice per backward), as in :func:`ddlcourse.parallel.model_parallel.train_step`.
+    ``targets``: list of targets (read on the last stage). ``device``: where ``stage`` lives (default: this
+    rank's); activations and gradients arrive there.
+
+    Emulated work (a ``time.sleep``, as if the stage ran on an accelerator; 0 = only the real compute):
+    ``delay_s`` is this stage's forward over the *whole* global batch, shared among the micro-batches in
+    proportion to their sizes, and ``overhead_s`` a fixed cost per micro-batch and step (kernel launches,
+    message latency). A forward on ``n_i`` of ``N`` samples sleeps ``delay_s * n_i / N + overhead_s``, a
+    backward ``2 * delay_s * n_i / N + overhead_s``. So more micro-batches shrink the bubble but add
+    overhead: the trade-off in ``m`` is real (:func:`predicted_step_time`).
     Returns ``dict(loss, events, max_in_flight)``.
     """
+    device = rank_device(device)
     s, p = tdist.get_rank(group), tdist.get_world_size(group)
     m = len(micro_batches)
     if s == p - 1 and len(targets) != m:
         raise ValueError(f"{len(targets)} targets for {m} micro-batches")
-    tl, snd = Timeline(s), Sender(group)
+    if delay_s < 0 or overhead_s < 0:
+        raise ValueError(f"emulated times must be >= 0, got delay_s={delay_s}, overhead_s={overhead_s}")
+    share = [0.0] * m                                   # each micro-batch's share of the global batch
+    if delay_s > 0:
+        # Only stage 0 holds the inputs: it tells every stage the micro-batch sizes (one small broadcast).
+        sizes = torch.zeros(m, dtype=torch.float64, device=device)
+        if s == 0:
+            sizes.copy_(torch.tensor([float(len(x)) for x in micro_batches], dtype=torch.float64))
+        tdist.broadcast(sizes, _global(group, 0), group=group)
+        share = (sizes / sizes.sum()).tolist()
+    tl, snd = Timeline(s, device), Sender(group)
     saved, losses, max_in_flight = {}, [], 0
     for kind, i in schedule_order(schedule, s, p, m):
         if kind == "F":
-            inp = micro_batches[i] if s == 0 else recv_tensor(s - 1, group).requires_grad_(True)
+            inp = micro_batches[i] if s == 0 else recv_tensor(s - 1, group, device=device).requires_grad_(True)
 
             def fwd():
                 out = stage(inp)                              # (micro_batch, ...)
-                _emulate(delay_s)
+                _emulate(delay_s * share[i] + overhead_s)
                 return loss_fn(out, targets[i]) / m if s == p - 1 else out
 
             out = tl.record("F", i, fwd)
@@ -96,29 +123,31 @@ def run(stage: nn.Module, micro_batches, targets, loss_fn, schedule: str = "1f1b
             max_in_flight = max(max_in_flight, len(saved))
         else:
             inp, out = saved.pop(i)
-            grad_out = None if s == p - 1 else recv_tensor(s + 1, group)
+            grad_out = None if s == p - 1 else recv_tensor(s + 1, group, device=device)
 
             def bwd():
                 out.backward(grad_out)
-                _emulate(2 * delay_s)
+                _emulate(2 * delay_s * share[i] + overhead_s)
 
             tl.record("B", i, bwd)
             if s > 0:
                 snd.send(inp.grad, s - 1)
     snd.wait_all()
-    loss = torch.tensor([float(sum(losses)) if s == p - 1 else 0.0])
+    loss = torch.zeros(1, device=device)
+    if s == p - 1:
+        loss.copy_(sum(losses).reshape(1))                     # stays on the device: no .item() before the broadcast
     tdist.broadcast(loss, _global(group, p - 1), group=group)
     return dict(loss=loss.item(), events=tl.events, max_in_flight=max_in_flight)
 
 
 def torch_pipelining_step(stage: nn.Module, batch, target, loss_fn, num_micro_batches: int,
-                          schedule: str = "gpipe", group=None):
+                          schedule: str = "gpipe", group=None, device=None):
     """The same step with ``torch.distributed.pipelining`` (for comparison). Returns the mean loss on the last
-    stage, None elsewhere; gradients accumulate in ``stage``."""
+    stage, None elsewhere; gradients accumulate in ``stage``, which lives on ``device`` (default: this rank's)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     s, p = tdist.get_rank(group), tdist.get_world_size(group)
-    pstage = PipelineStage(stage, s, p, torch.device("cpu"), group=group)
+    pstage = PipelineStage(stage, s, p, rank_device(device), group=group)
     Sched = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     sched = Sched(pstage, n_microbatches=num_micro_batches, loss_fn=loss_fn)
     if s == 0:
@@ -134,32 +163,42 @@ def torch_pipelining_step(stage: nn.Module, batch, target, loss_fn, num_micro_ba
 
 # --------------------------------------------------------------------------- demo and check against serial
 def compare_with_serial(num_micro_batches: int = 4, micro_batch: int = 8, n_layers: int = 8,
-                        schedule: str = "1f1b", delay_s: float = 0.0, group=None, seed: int = 0) -> dict:
+                        schedule: str = "1f1b", delay_s: float = 0.0, group=None, seed: int = 0,
+                        device=None, overhead_s: float = 0.0) -> dict:
     """Run on every rank of ``group``: a pipelined step against the serial step on the same global batch.
 
-    Returns ``dict(loss_diff, grad_diff, loss, events (all ranks), max_in_flight, bubble, predicted)``.
+    Everything lives on ``device`` (default: this rank's). ``delay_s``, ``overhead_s``: emulated work, see :func:`run`.
+    Returns ``dict(loss_diff, grad_diff, loss, events (all ranks), max_in_flight, bubble, predicted, makespan)``.
     """
     from ddlcourse.data.toy import teacher_classification
 
+    device = rank_device(device)
     m = num_micro_batches
     X, Y = teacher_classification(m * micro_batch, dim=16, n_classes=4, seed=seed)   # global batch
+    X, Y = X.to(device), Y.to(device)
     loss_fn = nn.CrossEntropyLoss()
-    serial = demo_model(seed, n_layers=n_layers)
+    serial = demo_model(seed, n_layers=n_layers, device=device)
     ser_loss = loss_fn(serial(X), Y)
     ser_loss.backward()
     s, p = tdist.get_rank(group), tdist.get_world_size(group)
-    stage = stage_module(demo_model(seed, n_layers=n_layers), s, p)
-    res = run(stage, list(X.chunk(m)), list(Y.chunk(m)), loss_fn, schedule, group, delay_s)
+    stage = stage_module(demo_model(seed, n_layers=n_layers, device=device), s, p)
+    res = run(stage, list(X.chunk(m)), list(Y.chunk(m)), loss_fn, schedule, group, delay_s, device=device,
+              overhead_s=overhead_s)
     gd = max((a.grad - b.grad).abs().max().item()
              for a, b in zip(stage.parameters(), stage_module(serial, s, p).parameters()))
     events = gather_events(res["events"], group)
     return dict(loss_diff=abs(res["loss"] - ser_loss.item()), grad_diff=gd, loss=res["loss"], events=events,
-                max_in_flight=res["max_in_flight"], bubble=idle_fraction(events), predicted=predicted_bubble(p, m))
+                max_in_flight=res["max_in_flight"], bubble=idle_fraction(events), predicted=predicted_bubble(p, m),
+                makespan=max(e["stop"] for e in events) - min(e["start"] for e in events))
 
 
 def bubble_sweep(micro_batch_counts, schedule: str = "gpipe", global_batch: int = 64, n_layers: int = 8,
-                 delay_s: float = 0.0, repeats: int = 1, group=None) -> list[dict]:
-    """Measured and predicted bubble for each number of micro-batches (best of ``repeats``), on every rank."""
+                 delay_s: float = 0.0, repeats: int = 1, group=None, device=None, overhead_s: float = 0.0) -> list[dict]:
+    """Measured and predicted bubble for each number of micro-batches (best of ``repeats``), on every rank.
+
+    The global batch is fixed, so the emulated work (``delay_s``, ``overhead_s``, see :func:`run`) of a
+    micro-batch shrinks as ``m`` grows; each row also has the measured ``makespan`` and the
+    ``predicted_time`` of :func:`predicted_step_time`."""
     rows = []
     for m in micro_batch_counts:
         if global_batch % m:
@@ -167,9 +206,12 @@ def bubble_sweep(micro_batch_counts, schedule: str = "gpipe", global_batch: int 
         best = None
         for _ in range(repeats):
             tdist.barrier(group=group)
-            r = compare_with_serial(m, global_batch // m, n_layers, schedule, delay_s, group)
+            r = compare_with_serial(m, global_batch // m, n_layers, schedule, delay_s, group, device=device,
+                                    overhead_s=overhead_s)
             if best is None or r["bubble"] < best["bubble"]:
                 best = r
+        p = tdist.get_world_size(group)
         rows.append(dict(m=m, measured=best["bubble"], predicted=best["predicted"], events=best["events"],
-                         grad_diff=best["grad_diff"]))
+                         grad_diff=best["grad_diff"], makespan=best["makespan"],
+                         predicted_time=predicted_step_time(p, m, delay_s, overhead_s)))
     return rows

@@ -14,17 +14,22 @@ ZeRO-3     + parameters (FSDP)         16/N   (+ one layer's full weights while 
 =========  ==========================  =========================================
 
 :class:`ZeroDataParallel` gives every parameter an *owner* rank (greedy by size). Only the owner keeps Adam
-state and steps the parameter, then broadcasts it. Stage 1 all-reduces every gradient; stage 2 *reduces* each
-gradient to its owner as soon as backward produces it and the other ranks drop it. FSDP2 (``fully_shard``,
+state and steps the parameter, then broadcasts it. Stage 1 *reduces* every gradient to its owner after backward
+(the other ranks keep their full, now stale, gradients: that is the memory stage 2 saves); stage 2 reduces each
+gradient as soon as backward produces it and the other ranks drop it. FSDP2 (``fully_shard``,
 which runs on CPU with gloo in torch 2.13) shards the parameters as well and all-gathers each layer just in
 time. :func:`state_bytes` measures what a rank holds (unique tensor storages; DTensors by their local shard).
 """
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+
 import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.device import rank_device
 
 MODES = ("ddp", "zero1", "zero2", "fsdp")
 
@@ -109,10 +114,11 @@ class ZeroDataParallel:
         return hook
 
     def step(self) -> None:
-        if self.stage == 1:
-            for p in self.params:
-                tdist.all_reduce(p.grad, group=self.group)
-                p.grad.div_(self.world_size)
+        if self.stage == 1:                 # each gradient summed on its owner (ZeRO's reduce-scatter, per tensor)
+            for p, o in zip(self.params, self.owner):
+                tdist.reduce(p.grad, self._g(o), op=tdist.ReduceOp.SUM, group=self.group)
+                if o == self.rank:
+                    p.grad.div_(self.world_size)
         if self.optimizer is not None:
             self.optimizer.step()
         with torch.no_grad():               # each owner sends its updated parameters to the others
@@ -127,19 +133,96 @@ class ZeroDataParallel:
         return state_bytes(self.model, self.optimizer)
 
 
+# --------------------------------------------------------------------------- communication volume
+# Bytes one rank sends for a collective over n ranks, per byte of the full tensor, with the ring (pipelined)
+# algorithms: all-reduce = reduce-scatter + all-gather; reduce and broadcast move each byte once per hop.
+_SEND_FACTOR = {"all_reduce": 2.0, "reduce": 1.0, "broadcast": 1.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+_COLLECTIVES = {"all_reduce": "all_reduce", "reduce": "reduce", "broadcast": "broadcast",
+                "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+                "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter"}
+
+
+def _full_tensor(kind: str, args, kwargs) -> torch.Tensor:
+    """The full-size tensor of a collective call: the output of an all-gather, the input of a reduce-scatter,
+    the (only) tensor of the others."""
+    if kind == "all_gather":
+        names, pos = ("output_tensor", "output"), 0
+    elif kind == "reduce_scatter":
+        names, pos = ("input", "input_tensor"), 1
+    else:
+        names, pos = ("tensor",), 0
+    for k in names:
+        if k in kwargs:
+            return kwargs[k]
+    return args[pos]
+
+
+@contextmanager
+def counting_collectives(sent: Counter):
+    """Inside the block, add to ``sent[kind]`` the bytes this rank sends in each collective it calls through
+    ``torch.distributed`` (ZeroDataParallel's, FSDP2's all-gathers and reduce-scatters, and DDP's bucket
+    all-reduces once :func:`count_ddp` is registered), by the ring cost of :data:`_SEND_FACTOR`:
+    ``factor * (n - 1) / n * full tensor bytes``. The collectives still run: this only counts."""
+    saved = {}
+
+    def wrap(name, kind, fn):
+        def counted(*args, **kwargs):
+            group = kwargs.get("group")
+            n = tdist.get_world_size(group)
+            t = _full_tensor(kind, args, kwargs)
+            if n > 1:
+                sent[kind] += _SEND_FACTOR[kind] * (n - 1) / n * t.numel() * t.element_size()
+            return fn(*args, **kwargs)
+        return counted
+
+    for name, kind in _COLLECTIVES.items():
+        if hasattr(tdist, name):
+            saved[name] = getattr(tdist, name)
+            setattr(tdist, name, wrap(name, kind, saved[name]))
+    try:
+        yield sent
+    finally:
+        for name, fn in saved.items():
+            setattr(tdist, name, fn)
+
+
+def count_ddp(ddp_model: nn.Module, group=None) -> None:
+    """Route DDP's bucket all-reduces through ``torch.distributed.all_reduce`` (PyTorch's default all-reduce
+    comm hook, the same averaging), so that :func:`counting_collectives` sees them."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    ddp_model.register_comm_hook(group, default_hooks.allreduce_hook)
+
+
+def predicted_comm_bytes(mode: str, n_params: int, world_size: int, bytes_per_param: int = 4) -> float:
+    """Bytes one rank sends per step (fp32 gradients and parameters, ring algorithms; Rajbhandari et al., 2020):
+    DDP all-reduces the gradients, ``2 (N-1)/N Psi``; ZeRO-1 and -2 reduce them to their owners and broadcast the
+    updated parameters, also ``2 (N-1)/N Psi``; ZeRO-3 (FSDP) all-gathers the parameters in forward and again in
+    backward and reduce-scatters the gradients, ``3 (N-1)/N Psi``: 1.5 times DDP."""
+    factor = {"ddp": 2, "zero1": 2, "zero2": 2, "fsdp": 3}
+    if mode not in factor:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(factor)}")
+    return factor[mode] * (world_size - 1) / world_size * n_params * bytes_per_param
+
+
 # --------------------------------------------------------------------------- training and measurement
-def make_model(dim: int = 32, hidden: int = 256, depth: int = 4, n_classes: int = 4, seed: int = 0) -> nn.Sequential:
+def make_model(dim: int = 32, hidden: int = 256, depth: int = 4, n_classes: int = 4, seed: int = 0,
+               device=None) -> nn.Sequential:
+    """The MLP of the experiments, initialised on the CPU (the same weights on any device), on ``device``
+    (default: this rank's)."""
     from ddlcourse.models.small import MLP
     torch.manual_seed(seed)
-    return MLP(dim, n_classes, hidden=hidden, depth=depth)
+    return MLP(dim, n_classes, hidden=hidden, depth=depth).to(rank_device(device))
 
 
 def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidden: int = 256, depth: int = 4,
-          lr: float = 1e-3, group=None, seed: int = 0) -> dict:
+          lr: float = 1e-3, group=None, seed: int = 0, device=None, count_bytes: bool = False) -> dict:
     """Train ``steps`` Adam steps in ``mode`` (``serial`` on one process, or one of :data:`MODES` on every rank of
-    ``group``); each rank takes its equal share of each global batch.
+    ``group``); each rank takes its equal share of each global batch. Model and batches live on ``device``
+    (default: this rank's).
 
-    Returns ``dict(losses, params (full, flattened), memory (this rank, after the last step, before zero_grad))``.
+    Returns ``dict(losses, params (full, flattened, on the CPU), memory (this rank, after the last step,
+    before zero_grad))``. ``count_bytes``: also ``sent``, the bytes this rank sent per step in the forward, backward
+    and update (mean over the steps after the first; set-up broadcasts and the loss report not counted), by kind.
     """
     from ddlcourse.data.toy import teacher_classification
 
@@ -149,17 +232,21 @@ def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidd
     r, n = (0, 1) if serial else (tdist.get_rank(group), tdist.get_world_size(group))
     if global_batch % n:
         raise ValueError(f"global_batch {global_batch} not divisible by {n} ranks")
-    model = make_model(dim, hidden, depth, seed=seed)
+    device = rank_device(device)
+    model = make_model(dim, hidden, depth, seed=seed, device=device)
     loss_fn = nn.CrossEntropyLoss()
     zdp = None
     if mode in ("serial", "ddp", "fsdp"):
         if mode == "ddp":
-            model = nn.parallel.DistributedDataParallel(model, process_group=group)
+            ids = [device.index] if device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
+            if count_bytes:
+                count_ddp(model, group)
         elif mode == "fsdp":
             from torch.distributed.fsdp import fully_shard
             from torch.distributed.device_mesh import DeviceMesh
 
-            mesh = DeviceMesh.from_group(group or tdist.group.WORLD, "cpu")
+            mesh = DeviceMesh.from_group(group or tdist.group.WORLD, device.type)
             for layer in model:
                 if isinstance(layer, nn.Linear):
                     fully_shard(layer, mesh=mesh)
@@ -168,37 +255,43 @@ def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidd
     else:
         zdp = ZeroDataParallel(model, torch.optim.Adam, stage=int(mode[-1]), group=group, lr=lr)
         opt = zdp.optimizer
-    losses, mem = [], None
+    losses, mem, sent = [], None, Counter()
     for step in range(steps):
         X, Y = teacher_classification(global_batch, dim=dim, n_classes=4, seed=seed + 100 + step)
+        X, Y = X.to(device), Y.to(device)
         b = global_batch // n
-        loss = loss_fn(model(X[r * b:(r + 1) * b]), Y[r * b:(r + 1) * b])   # this rank's shard
-        loss.backward()
-        if zdp is not None:
-            zdp.step()
-        else:
-            opt.step()
+        with counting_collectives(sent) if count_bytes and step > 0 and not serial else nullcontext():
+            loss = loss_fn(model(X[r * b:(r + 1) * b]), Y[r * b:(r + 1) * b])   # this rank's shard
+            loss.backward()
+            if zdp is not None:
+                zdp.step()
+            else:
+                opt.step()
         mem = state_bytes(model, opt)
         if zdp is not None:
             zdp.zero_grad()
         else:
             opt.zero_grad()
-        l = torch.tensor([loss.item()])
+        l = loss.detach().reshape(1).clone()                 # on the device, float32 like the loss
         if not serial:
             tdist.all_reduce(l, group=group)
             l /= n
         losses.append(l.item())
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-    flat = torch.cat([p.detach().reshape(-1) for p in full])
+    flat = torch.cat([p.detach().reshape(-1) for p in full]).cpu()
     n_params = flat.numel()
-    return dict(losses=losses, params=flat, memory=mem, n_params=n_params)
+    out = dict(losses=losses, params=flat, memory=mem, n_params=n_params)
+    if count_bytes:
+        out["sent"] = {k: v / max(1, steps - 1) for k, v in sent.items()}
+    return out
 
 
 def compare_with_serial(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidden: int = 64,
-                        depth: int = 2, group=None) -> dict:
-    """On every rank of ``group``: ``mode`` against serial training; returns max param/loss diffs and memory."""
-    ser = train("serial", steps, global_batch, dim, hidden, depth)
-    par = train(mode, steps, global_batch, dim, hidden, depth, group=group)
+                        depth: int = 2, group=None, device=None) -> dict:
+    """On every rank of ``group``: ``mode`` against serial training (both on ``device``, default this rank's);
+    returns max param/loss diffs and memory."""
+    ser = train("serial", steps, global_batch, dim, hidden, depth, device=device)
+    par = train(mode, steps, global_batch, dim, hidden, depth, group=group, device=device)
     return dict(param_diff=(ser["params"] - par["params"]).abs().max().item(),
                 loss_diff=max(abs(a - b) for a, b in zip(ser["losses"], par["losses"])),
                 memory=par["memory"], n_params=par["n_params"])

@@ -38,6 +38,8 @@ import torch.distributed as tdist
 from torch import nn
 from torch.nn import functional as F
 
+from ddlcourse.device import rank_device
+
 
 def _group_size(group) -> int:
     if not (tdist.is_available() and tdist.is_initialized()):
@@ -113,9 +115,10 @@ def global_batch_stats(x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch
     local[0] = x.numel() // C if x.numel() else 0          # samples per channel on this rank
     local[1:] = xs.sum(dims) if x.numel() else 0
     _allreduce_(local, group)                              # [M, sum_0 .. sum_C-1] over ranks
-    count = local[0]
-    if count < 1:
+    count = local[0]                                       # stays a tensor: no device-to-host copy per layer
+    if count.device.type == "cpu" and count < 1:           # on the host already: checking is free
         raise ValueError("SyncBatchNorm got an empty global batch; every step needs at least one sample")
+    # On a GPU the check would stall the stream in every layer; an empty global batch gives NaN statistics there.
     mean = local[1:] / count                               # (C,)
     sq = ((xs - _per_channel(mean, xs)) ** 2).sum(dims) if x.numel() else torch.zeros(C, dtype=acc, device=x.device)
     var = _allreduce_(sq, group) / count                   # (C,) biased variance of the global batch
@@ -133,7 +136,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         y = xhat * _per_channel(weight.to(mean.dtype), x) + _per_channel(bias.to(mean.dtype), x)
         if running_mean is not None:
             # like nn.BatchNorm: running var uses the unbiased estimate of the global batch
-            unbiased = var * count / (count - 1) if count > 1 else var
+            # (torch.where rather than `if count > 1`: no device-to-host sync on a GPU)
+            unbiased = torch.where(count > 1, var * count / (count - 1).clamp(min=1), var)
             running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
             running_var.mul_(1 - momentum).add_(momentum * unbiased.to(running_var.dtype))
         ctx.save_for_backward(xhat, weight, invstd, count)
@@ -243,7 +247,7 @@ def stat_noise(x: torch.Tensor, batch_sizes, n_draws: int = 200, seed: int = 0) 
     for b in batch_sizes:
         means, vars_ = [], []
         for _ in range(n_draws):
-            xb = x[torch.randperm(x.shape[0], generator=g)[:b]]
+            xb = x[torch.randperm(x.shape[0], generator=g).to(x.device)[:b]]   # a CPU generator, then x's device
             means.append(xb.mean(dims))
             vars_.append(xb.var(dims, unbiased=False))
         out[int(b)] = (torch.stack(means).std(0).mean().item(), torch.stack(vars_).std(0).mean().item())
@@ -255,13 +259,14 @@ BN_MODES = ("serial", "local", "sync")
 
 def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, n_test: int = 256,
                   image_size: int = 16, width: int = 8, lr: float = 0.05, seed: int = 0,
-                  n_ranks: int | None = None) -> dict | None:
+                  n_ranks: int | None = None, device=None) -> dict | None:
     """Train ``SmallCNN`` on the shapes images with batch norm three ways; runs on every rank.
 
     ``serial``: one process on the whole global batch (the reference, every rank computes it alone);
     ``local``: DDP over ``n_ranks`` ranks with ordinary per-rank BatchNorm (each normalises with the
     statistics of its own micro-batch); ``sync``: the same with :class:`SyncBatchNorm`.
-    Returns ``{"losses", "test_acc", "train_acc"}`` (None on ranks left out).
+    Returns ``{"losses", "test_acc", "train_acc"}`` (None on ranks left out). Model and data live on
+    ``device`` (default: the rank's, ``dist.init().device``).
     """
     from ddlcourse import dist
     from ddlcourse.data.toy import shapes
@@ -271,6 +276,7 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
     if mode not in BN_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(BN_MODES)}")
     dist.init(horovod=False)
+    device = rank_device(device)
     group, world, r = None, 1, 0
     if mode != "serial":
         comm, group = dist.subgroup(n_ranks or dist.world_size())
@@ -281,8 +287,9 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
         raise ValueError(f"global_batch {global_batch} must be divisible by the {world} ranks")
     X, y = shapes(n_train, size=image_size, seed=seed)
     Xt, yt = shapes(n_test, size=image_size, seed=seed + 1)
+    X, y, Xt, yt = X.to(device), y.to(device), Xt.to(device), yt.to(device)
     torch.manual_seed(seed)
-    model = SmallCNN(1, 3, width)
+    model = SmallCNN(1, 3, width).to(device)
     if mode == "sync":
         model = convert_sync_batchnorm(model, group)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -290,7 +297,7 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
         model, opt = wrap(model, opt, backend="ddp", group=group)
     losses = []
     for step in range(steps):
-        idx = (torch.arange(global_batch) + step * global_batch) % n_train
+        idx = (torch.arange(global_batch, device=device) + step * global_batch) % n_train
         mine = idx[r::world]                                     # (micro_batch,) this rank's share
         loss = F.cross_entropy(model(X[mine]), y[mine])
         opt.zero_grad()
@@ -307,17 +314,19 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
     return {"losses": losses, "test_acc": test_acc, "train_acc": train_acc}
 
 
-def compare_with_full_batch(channels: int = 5, spatial=(4, 4), seed: int = 0) -> dict:
+def compare_with_full_batch(channels: int = 5, spatial=(4, 4), seed: int = 0, device=None) -> dict:
     """Largest differences between SyncBatchNorm on this rank's slice and ``nn.BatchNorm`` on the whole batch.
 
     Runs on every rank of the world (``dist.init`` first). Rank r takes ``2 + r`` samples of one global batch
     (unequal on purpose). Weight/bias gradients are summed over ranks before comparing, as data parallelism does.
+    Everything lives on ``device`` (default: the rank's).
     """
     import copy
 
     from ddlcourse import dist
 
     dist.init(horovod=False)
+    device = rank_device(device)
     r, n = dist.rank(), dist.world_size()
     sizes = [2 + k for k in range(n)]
     lo, hi = sum(sizes[:r]), sum(sizes[:r + 1])
@@ -327,12 +336,14 @@ def compare_with_full_batch(channels: int = 5, spatial=(4, 4), seed: int = 0) ->
     with torch.no_grad():
         ref.weight.uniform_(0.5, 2.0)
         ref.bias.uniform_(-1, 1)
+    ref = ref.to(device)                          # drawn on the CPU: the same numbers on any device
     mine = convert_sync_batchnorm(copy.deepcopy(ref))
     g = torch.Generator().manual_seed(seed)
     diff = dict(output=0.0, input_grad=0.0)
     for _ in range(2):
-        X = torch.randn(sum(sizes), channels, *spatial, generator=g) * 2 + 1   # (global_batch, C, ...)
-        R = torch.randn(X.shape, generator=g)                                  # a fixed random loss direction
+        # drawn on the CPU (the same numbers on every device), then moved
+        X = (torch.randn(sum(sizes), channels, *spatial, generator=g) * 2 + 1).to(device)   # (global_batch, C, ...)
+        R = torch.randn(X.shape, generator=g).to(device)                                    # a fixed loss direction
         xf = X.clone().requires_grad_()
         yf = ref(xf)
         (yf * R).sum().backward()
