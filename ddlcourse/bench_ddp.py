@@ -71,7 +71,7 @@ def make_ways(model: str, batch: int, device):
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         if way.startswith("DDP"):
             net = nn.parallel.DistributedDataParallel(net)
-            if way == "DDP (MPI hook)" and not register_mpi_hook(net):
+            if way == "DDP (MPI hook)" and not register_mpi_hook(net, force=True):
                 raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
         elif way == "Horovod":
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)

@@ -14,7 +14,11 @@ ref = dcp.train_serial(5)
 out = dcp.train_2d(5, dp={dp})
 dl = max(abs(a - b) for a, b in zip(out["losses"], ref["losses"]))
 dp_ = float((out["params"] - ref["params"]).abs().max())
-print("RESULT", n, out["mesh"], dl < 1e-5, dp_ < 1e-5, out["local_shapes"]["0.weight"])
+line = " ".join(str(v) for v in ("RESULT", n, out["mesh"], dl < 1e-5, dp_ < 1e-5, out["local_shapes"]["0.weight"]))
+from mpi4py import MPI   # one print on rank 0: the ranks' own prints would interleave
+lines = MPI.COMM_WORLD.gather(line, root=0)
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print("\\n".join(lines))
 """
 
 

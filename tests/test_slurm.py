@@ -256,13 +256,19 @@ def test_lab_batch_job_on_two_tasks(slurm, tmp_path):
     env = _slurm_env(slurm, DDLCOURSE_RESULTS=str(tmp_path / "results"))
     args = _smoke_case()
     t0 = time.perf_counter()
-    p = subprocess.run(["sbatch", "--parsable", "--ntasks=2", "--time=15", "--cpus-per-task=1", "--chdir", str(ROOT),
-                        "-o", str(tmp_path / "job-%j.out"), str(SLURM_DIR / "lab.sbatch"), *args],
-                       capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 0, p.stderr
-    job_id = p.stdout.strip().split(";")[0]
-    info = _wait_for_job(job_id, env)
-    out = (tmp_path / f"job-{job_id}.out").read_text()
+    for attempt in (1, 2):
+        p = subprocess.run(["sbatch", "--parsable", "--ntasks=2", "--time=15", "--cpus-per-task=1", "--chdir",
+                            str(ROOT), "-o", str(tmp_path / "job-%j.out"), str(SLURM_DIR / "lab.sbatch"), *args],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0, p.stderr
+        job_id = p.stdout.strip().split(";")[0]
+        info = _wait_for_job(job_id, env)
+        out = (tmp_path / f"job-{job_id}.out").read_text()
+        # pip's MPICH under Debian's Slurm 22.05 with --mpi=pmi2 sometimes fails in MPI_Init on a loaded machine
+        # ("Message truncated"): that is the launch, not the course. One retry, reported.
+        if "JobState=COMPLETED" in info or "internal_Init_thread" not in out or attempt == 2:
+            break
+        print(f"[slurm] job {job_id}: MPI_Init failed at launch (pmi2 under load); retrying once")
     print(f"[slurm] lab.sbatch {' '.join(args)}: job {job_id} done in {time.perf_counter() - t0:.1f} s")
     assert "JobState=COMPLETED" in info, f"{info}\n{out}"
     summary = json.loads((tmp_path / "results" / "slurm" / f"ddl-lab-{job_id}.json").read_text())

@@ -100,7 +100,7 @@ def run(stage: nn.Module, micro_batches, targets, loss_fn, schedule: str = "1f1b
         # Only stage 0 holds the inputs: it tells every stage the micro-batch sizes (one small broadcast).
         sizes = torch.zeros(m, dtype=torch.float64, device=device)
         if s == 0:
-            sizes.copy_(torch.tensor([float(len(x)) for x in micro_batches], dtype=torch.float64))
+            sizes.copy_(torch.tensor([float(len(x)) for x in micro_batches], dtype=torch.float64, device=device))
         tdist.broadcast(sizes, _global(group, 0), group=group)
         share = (sizes / sizes.sum()).tolist()
     tl, snd = Timeline(s, device), Sender(group)
