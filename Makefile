@@ -15,7 +15,8 @@ help:
 	@echo "make lab     set up the environment if needed, then open JupyterLab on the course"
 	@echo "make test    set up the environment if needed, then run every test (unit + nbval on all notebooks)"
 	@echo "make setup   build or refresh the environment only (.venv; Horovod wheel cached in ~/.cache/ddlcourse)"
-	@echo "make slides  build the instructor's reveal.js decks and PDF handouts (slides/decks, slides/pdf)"
+	@echo "make slides  build the instructor's reveal.js decks and PDF handouts (slides/decks, slides/pdf);"
+	@echo "             SCALE=laptop: figures from laptop-scale runs, the reference results to publish"
 	@echo "make lock    re-resolve env/requirements.in into env/requirements.lock"
 	@echo "make clean-clusters   stop every course cluster this user left running"
 
@@ -43,10 +44,12 @@ test-unit: env
 test-notebooks: env
 	@bash env/run_tests.sh notebooks
 
-# reveal.js decks from the notebooks into slides/decks/, PDFs into slides/pdf/ (headless Chromium)
+# reveal.js decks from the notebooks into slides/decks/, PDFs into slides/pdf/ (headless Chromium);
+# SCALE=laptop runs the notebooks at the laptop scale for the figures (reference results to publish; about an hour)
+SCALE ?= smoke
 slides: env
 	@bash env/install_chromium.sh
-	@$(PY) -m ddlcourse.slides build
+	@$(PY) -m ddlcourse.slides build --scale $(SCALE)
 
 lock:
 	@bash env/lock.sh

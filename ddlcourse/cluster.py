@@ -419,6 +419,7 @@ class MPICluster:
         self._steps_before: set[str] = set()
         self.start_seconds = float("nan")
         self.stop_seconds = float("nan")
+        self.engine_output = ""  # what the engines printed, kept by a clean stop() instead of logged
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "MPICluster":
@@ -624,6 +625,13 @@ class MPICluster:
                     self._rc.close()
                 except Exception:
                     pass
+            if asked:
+                # A stop we asked for: mpiexec may still exit non-zero (an engine slower than the wait above is
+                # signalled), and ipyparallel would then print the engines' whole log (kilobytes) as a WARNING
+                # into the notebook. Keep it in self.engine_output instead; an engine that died is reported
+                # by run() and the watchdog, not here.
+                for es in c.engines.values():
+                    es._log_output = self._keep_output(es)
             try:
                 c.stop_cluster_sync()
             except Exception:
@@ -649,6 +657,17 @@ class MPICluster:
             self.stop_seconds = time.perf_counter() - t0
             if not self.quiet:
                 print(f"MPI cluster stopped ({self.n} engine(s)).")
+
+    def _keep_output(self, launcher):
+        def log_output(stop_data=None):
+            try:
+                out = launcher.get_output(remove=True)
+            except Exception as e:   # the output file may already be gone
+                out = f"(engine output unavailable: {e})"
+            self.engine_output = out
+            launcher.log.debug("Output for %s (exit %s):\n%s", launcher.identifier,
+                               (stop_data or {}).get("exit_code"), out)
+        return log_output
 
     # -- use ---------------------------------------------------------------------------------
     def _need(self):

@@ -147,20 +147,29 @@ launch() {
 N_PASS=0 N_FAIL=0 N_SKIP=0 FAILED=()
 report() {   # report ID STATUS REASON [SECONDS]
   local line
-  line=$(printf '%-4s %-22s %s' "$2" "$1" "$3")
+  line=$(printf '%-4s %-22s %s' "$2" "$1" "$3$RETRY_NOTE")
+  RETRY_NOTE=
   [ -n "${4:-}" ] && line="$line [${4} s]"
   [ "$2" = FAIL ] && line="$line (log: $LOGDIR/$1.log)"
   echo "$line"; echo "$line" >> "$SUMMARY"
   case "$2" in PASS) N_PASS=$((N_PASS + 1)) ;; FAIL) N_FAIL=$((N_FAIL + 1)); FAILED+=("$1") ;; *) N_SKIP=$((N_SKIP + 1)) ;; esac
 }
-# run_logged ID TIMEOUT_S CMD...: run with output to ID.log; sets RC and SECS.
+# run_logged ID TIMEOUT_S CMD...: run with output to ID.log; sets RC and SECS. A launch whose MPI_Init aborted
+# (seen rarely with pip's MPICH under srun --mpi=pmi2) is run once more; the report says so (RETRY_NOTE).
+MPI_INIT_ABORT='internal_Init_thread|MPI_Init(_thread)?\(.*failed|UCX +ERROR failed to unpack address'
+RETRY_NOTE=
 run_logged() {
   local id=$1 t=$2; shift 2
-  local log=$LOGDIR/$id.log t0 t1
-  { echo "# $(date -Is) on $(hostname)"; printf '#'; printf ' %q' "$@"; echo; } > "$log"
+  local log=$LOGDIR/$id.log t0 t1 attempt
   t0=$(date +%s.%N)
-  timeout -k 30 "$t" "$@" >> "$log" 2>&1
-  RC=$?
+  for attempt in 1 2; do
+    { echo "# $(date -Is) on $(hostname)"; printf '#'; printf ' %q' "$@"; echo; } > "$log"
+    timeout -k 30 "$t" "$@" >> "$log" 2>&1
+    RC=$?
+    if [ "$RC" = 0 ] || [ "$attempt" = 2 ] || ! grep -qE "$MPI_INIT_ABORT" "$log"; then break; fi
+    mv "$log" "$LOGDIR/$id.first.log"
+    RETRY_NOTE="; MPI_Init aborted at the first launch, retried once (log: $LOGDIR/$id.first.log)"
+  done
   t1=$(date +%s.%N)
   SECS=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
   [ "$RC" = 124 ] || [ "$RC" = 137 ] && echo "# timed out after $t s" >> "$log"

@@ -63,6 +63,10 @@ def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) ->
     cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
            sys.executable, "-c", code]
     full_env = dict(os.environ, **(env or {}))
+    if "PYTHONUNBUFFERED" not in (env or {}):
+        # Unbuffered, print() writes its arguments one by one and the ranks' words interleave in mpiexec's
+        # stdout ("RESUMEDRESUMED 4 ..."); block-buffered, each rank's output leaves in whole writes.
+        full_env.pop("PYTHONUNBUFFERED", None)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     if p.returncode != 0:
         raise AssertionError(f"mpiexec -n {n} failed ({p.returncode}):\nSTDOUT:\n{p.stdout[-4000:]}\nSTDERR:\n{p.stderr[-4000:]}")

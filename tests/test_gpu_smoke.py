@@ -121,6 +121,32 @@ def test_a_launcher_that_starts_singletons_fails_ids_and_check(tmp_path):
     assert got["check"][0] == "FAIL" and "2 rank(s) expected, the MPI world has 1" in got["check"][1]
 
 
+@pytest.mark.mpi
+def test_a_launch_whose_mpi_init_aborts_is_retried_once_and_says_so(tmp_path):
+    """pip's MPICH under srun --mpi=pmi2 rarely aborts in MPI_Init at launch. The script runs such a launch once
+    more and says so on the check's line; a second abort is a FAIL."""
+    fake = tmp_path / "mpiexec"     # the real mpiexec, but every launch before the marker exists aborts like MPICH
+    real = subprocess.run([sys.executable, "-c", "from ddlcourse.cluster import find_mpiexec; print(find_mpiexec())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    fake.write_text('#!/bin/bash\n'
+                    f'if [ "$1" = --version ]; then exec {real} --version; fi\n'
+                    f'if [ ! -e {tmp_path}/marker-$ABORTS ]; then touch {tmp_path}/marker-$ABORTS; '
+                    '  echo "Abort(811222414) on node 0: Fatal error in internal_Init_thread: Message truncated"; exit 15; fi\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    once = _smoke("--dry-run", "--only", "ids.mpiexec", "--log-dir", str(tmp_path / "logs"),
+                  env=_env(DDLCOURSE_MPIEXEC=str(fake), ABORTS="1"))
+    got = _lines(once.stdout)
+    assert once.returncode == 0, once.stdout + once.stderr
+    assert got["ids.mpiexec"][0] == "PASS" and "MPI_Init aborted at the first launch, retried once" in got["ids.mpiexec"][1]
+    assert "internal_Init_thread" in (tmp_path / "logs" / "ids.mpiexec.first.log").read_text()
+    # a launcher that aborts every time: no endless retries, a FAIL
+    fake.write_text(fake.read_text().replace(f"if [ ! -e {tmp_path}/marker-$ABORTS ]", "if true"))
+    always = _smoke("--dry-run", "--only", "ids.mpiexec", "--log-dir", str(tmp_path / "logs2"),
+                    env=_env(DDLCOURSE_MPIEXEC=str(fake), ABORTS="2"))
+    assert always.returncode == 1 and _lines(always.stdout)["ids.mpiexec"][0] == "FAIL", always.stdout
+
+
 # ------------------------------------------------------------------------------------------ checks.py
 def _row(rank, host, local, gpu=None, size=4, node_rank=None):
     return dict(rank=rank, size=size, host=host, local_rank=local, node_rank=local if node_rank is None else node_rank,

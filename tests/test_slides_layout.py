@@ -96,3 +96,18 @@ def test_unknown_scale_is_refused(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[md("a")]), nb)
     with pytest.raises(ValueError, match="scale"):
         slides.executed_copy(nb, execute=True, scale="huge")
+
+
+def test_make_slides_passes_the_scale_and_the_deck_says_which():
+    """`make slides SCALE=laptop` builds reference decks from laptop-scale runs; their title slide says so."""
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "slides", "SCALE=laptop"], capture_output=True, text=True,
+                         cwd=slides.ROOT, check=True).stdout
+    assert "ddlcourse.slides build --scale laptop" in dry, dry
+    assert "--scale smoke" in subprocess.run(["make", "-n", "slides"], capture_output=True, text=True,
+                                              cwd=slides.ROOT, check=True).stdout
+    head = slides.title_cells(slides.DECKS[0], "laptop")[0].source
+    assert "runs at the `laptop` scale" in head
+    with pytest.raises(SystemExit):
+        slides.main(["build", "--scale", "huge"])

@@ -161,12 +161,14 @@ def load(settings: dict, rank: int = 0, world_size: int = 1, use_cache: bool = T
 def generate_on_rank(settings: dict, use_cache: bool = True) -> dict:
     """Called on every engine (``c.run(generate_on_rank, settings)``): make this MPI rank's shard.
 
-    Returns a small summary (the arrays stay on the engine's disk cache): rank, samples, seconds, mean iterations.
+    Returns a small summary (the arrays stay on the engine's disk cache): rank, samples, seconds, mean iterations,
+    and how many problems SIMP solved to convergence before ``settings["maxloop"]`` stopped it.
     """
     from ddlcourse import dist
     d = load(settings, dist.rank(), dist.world_size(), use_cache=use_cache)
     return dict(rank=dist.rank(), samples=len(d["target"]), seconds=round(d["seconds"], 2),
-                mean_iterations=float(d["n_iter"].mean()))
+                mean_iterations=float(d["n_iter"].mean()),
+                converged=int((d["n_iter"] < settings["maxloop"]).sum()))
 
 
 def gather(settings: dict, comm=None, use_cache: bool = True) -> dict:
