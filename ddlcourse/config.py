@@ -278,7 +278,7 @@ PROFILES: dict[str, dict[str, dict]] = {
                         mem_heads=16, mem_batch=8, seq_len=32, dim=128, n_heads=8, n_layers=4, steps=600, batch=64,
                         lr=1e-3),
     },
-    "sizing_layout": {  # one block measured on the ranks (tp = cp = n_ranks); batch 1: see layout's cp formula
+    "sizing_layout": {  # one block measured on the ranks (tp = cp = n_ranks)
         "smoke": dict(n_ranks=2, seq_len=32, dim=64, n_heads=4, batch=1),
         "laptop": dict(n_ranks=4, seq_len=64, dim=128, n_heads=8, batch=1),
         "cluster": dict(n_ranks=8, seq_len=512, dim=512, n_heads=8, batch=1),
@@ -306,7 +306,27 @@ PROFILES: dict[str, dict[str, dict]] = {
                         staleness=[0, 1, 4, 16, 64], stale_steps=400, periods=[1, 4, 16, 64], local_steps=256,
                         async_steps=50, traffic_params=1_000_000),
     },
+    # notebook 11b: torch.distributed.pipelining schedules; micro-batch counts are multiples of n_ranks and at
+    # least 2 * n_ranks (DualPipeV needs as many micro-batches as stages); layers_per_rank divides by 2
+    "pipeline_schedules": {
+        "smoke": dict(n_ranks=2, dim=64, global_batch=32, layers_per_rank=2, check_micro_batches=4,
+                      micro_batch_counts=[8], repeats=1),
+        "laptop": dict(n_ranks=4, dim=256, global_batch=256, layers_per_rank=4, check_micro_batches=8,
+                       micro_batch_counts=[8, 16], repeats=3),
+        "cluster": dict(n_ranks=8, dim=4096, global_batch=512, layers_per_rank=2, check_micro_batches=16,
+                        micro_batch_counts=[16, 32, 64], repeats=3),
+    },
 
+    # notebook 08b: one DDP step under torch.profiler; delay_s: the straggler's extra seconds per step (well above
+    # the run-to-run noise of a shared machine); bucket_cap_mb small enough for several buckets per step
+    "profiling": {
+        "smoke": dict(n_ranks=2, dim=32, hidden=128, depth=3, batch=64, steps=3, bucket_cap_mb=0.05, delay_s=0.2,
+                      compile_steps=5, hvd_steps=3),
+        "laptop": dict(n_ranks=2, dim=64, hidden=512, depth=4, batch=128, steps=5, bucket_cap_mb=0.25, delay_s=0.2,
+                       compile_steps=20, hvd_steps=5),
+        "cluster": dict(n_ranks=8, dim=1024, hidden=4096, depth=4, batch=256, steps=10, bucket_cap_mb=25.0,
+                        delay_s=0.1, compile_steps=50, hvd_steps=10),
+    },
 }
 
 

@@ -171,7 +171,10 @@ def activation_bytes_per_layer(model: Model, lay: Layout, act: int = 4) -> float
     1/std in fp32, the causal mask as bytes). Tensor parallelism divides the head and hidden parts by ``tp``;
     ``sp`` divides the norms' inputs and statistics too (the gathered norm output feeding the column layers stays
     whole, as :class:`ddlcourse.parallel.sequence.TensorParallelBlock` keeps it).
-    With context parallelism the keys and values of the other ranks' blocks are kept too.
+    With context parallelism the keys and values of the other ranks' blocks are kept too; and when a rank holds
+    more than one sequence and more than one head, every block of scores it computes keeps its own copy of the
+    query run (``matmul`` folds batch and heads into one dimension, which ``q``'s (batch, tokens, heads) layout
+    cannot give as a view) instead of ``q`` itself: ``2cp + 1`` runs of ``s_loc / 2`` tokens instead of ``s_loc``.
     """
     b, s_loc, h, t = lay.micro_batch, model.seq_len // lay.cp, model.dim, lay.tp
     tokens = b * s_loc
@@ -187,6 +190,9 @@ def activation_bytes_per_layer(model: Model, lay: Layout, act: int = 4) -> float
     else:   # ring attention's running output o and sum l, a rescale factor per block, masks of the diagonal blocks
         rows = b * model.n_heads / t * s_loc
         ring, mask = tokens * h / t + rows * lay.cp, 2 * (s_loc // 2) ** 2
+        if b > 1 and model.n_heads // t > 1:                             # a query-run copy per block of scores
+            blocks = attention_scores(model.seq_len, lay.cp) / (s_loc // 2) ** 2   # 2cp + 1 (zig-zag runs)
+            ring += (blocks / 2 - 1) * tokens * h / t                     # in place of q, counted in attn
     return act * (tokens * per_token + scores + remote_kv + ring) + stats + mask
 
 

@@ -27,6 +27,10 @@ precise source and a role. A **calibration** point fixes the one fitted constant
 point is predicted with constants fixed elsewhere and compared (:func:`validate`): only those are checks.
 :func:`sensitivity` shows how much a prediction rests on each constant. The constants measured on your own
 machine come from :func:`measure_allreduce`, :func:`fit_alpha_beta` and :func:`measure_compute`.
+
+For any PyTorch model (the labs' U-Nets and video model), :func:`workload_from_model` counts the parameters and
+the FLOPs (``FlopCounterMode`` on the meta device), and :func:`predict_lab` predicts its weak scaling on a
+published system, with and without overlap; the labs plot it (:func:`plot_lab_prediction`) as a prediction.
 """
 from __future__ import annotations
 
@@ -548,3 +552,149 @@ def what_if(base: Published | None = None, **changes) -> dict:
     return {"throughput": p.throughput, "efficiency": p.efficiency, "step_time": p.step_time,
             "exposed_comm": p.exposed_comm, "comm_time": p.comm_time, "compute_time": p.compute_time,
             "global_batch": wl.micro_batch * (n // kw.get("num_stages", 1))}
+
+
+# ----------------------------------------------------------------------------------------- any model (the labs)
+WEAK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # GPUs of the labs' weak-scaling predictions
+
+
+def _meta_inputs(sample_input):
+    """``sample_input`` as a tuple of meta tensors: a tensor, a tuple of tensors, or one shape (a tuple of ints)."""
+    import torch
+    if isinstance(sample_input, torch.Tensor):
+        items = (sample_input,)
+    elif isinstance(sample_input, (tuple, list, torch.Size)) and sample_input and all(
+            isinstance(d, int) for d in sample_input):
+        items = (torch.empty(tuple(sample_input), device="meta"),)           # one input of this shape
+    elif isinstance(sample_input, (tuple, list)) and sample_input and all(
+            isinstance(t, torch.Tensor) for t in sample_input):
+        items = tuple(sample_input)
+    else:
+        raise TypeError("sample_input must be a tensor, a tuple of tensors, or one input shape such as "
+                        f"(1, 3, 128, 128); got {type(sample_input).__name__}")
+    batch = items[0].shape[0] if items[0].dim() else 0
+    if batch < 1:
+        raise ValueError(f"sample_input needs a batch dimension of at least 1 sample first; got shape "
+                         f"{tuple(items[0].shape)}")
+    return tuple(torch.empty_like(t, device="meta") for t in items), batch
+
+
+def count_flops(model, sample_input) -> tuple[float, int]:
+    """Forward FLOPs per sample of ``model`` and its trainable parameters.
+
+    The FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on a copy of the model on the *meta*
+    device: nothing is computed or allocated, so a cluster-size model and batch cost milliseconds. The counter
+    counts matrix products and convolutions (2 FLOPs per multiply-add); normalisation, activations and pooling
+    are not counted (a few percent for convolutional nets). ``sample_input`` is a tensor (or tuple of tensors)
+    whose first dimension is the batch, or one input shape; the count is divided by that batch.
+    """
+    import copy
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if n_params == 0:
+        raise ValueError("the model has no trainable parameters: data parallelism would allreduce nothing")
+    inputs, batch = _meta_inputs(sample_input)
+    meta_model = copy.deepcopy(model).to("meta")
+    try:
+        with FlopCounterMode(display=False) as counter:
+            meta_model(*inputs)
+    except Exception as e:  # a shape mismatch, or an op with no meta kernel
+        raise ValueError(f"could not run the model on inputs of shape {[tuple(t.shape) for t in inputs]} "
+                         f"(on the meta device): {e}") from e
+    flops = counter.get_total_flops()
+    if flops == 0:
+        raise ValueError("FlopCounterMode counted no FLOPs: the model has no matrix product or convolution")
+    return flops / batch, n_params
+
+
+def workload_from_model(name: str, model, sample_input, micro_batch: int, mfu: float, bytes_per_grad: int = 4,
+                        source: str = "") -> Workload:
+    """A :class:`Workload` for any PyTorch model: parameters counted, training FLOPs = 3 x forward FLOPs.
+
+    The backward pass costs about twice the forward (a gradient for the inputs and one for the weights), so
+    one training sample costs 3x its forward FLOPs (:func:`count_flops`). ``micro_batch`` is the samples per
+    device per step; ``mfu`` the fraction of the device's peak FLOP/s the compute reaches, an assumption
+    (or a calibrated value, :func:`calibrate_mfu`) that the caller states.
+    """
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be a positive number of samples per device, got {micro_batch!r}")
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu is a fraction of peak FLOP/s, in (0, 1]; got {mfu!r}")
+    if bytes_per_grad not in (1, 2, 4, 8):
+        raise ValueError(f"bytes_per_grad must be 1, 2, 4 or 8 bytes per gradient element, got {bytes_per_grad!r}")
+    fwd, n_params = count_flops(model, sample_input)
+    return Workload(name, flops_per_sample=3 * fwd, n_params=n_params, micro_batch=micro_batch,
+                    bytes_per_grad=bytes_per_grad, mfu=mfu,
+                    source=source or "parameters counted, forward FLOPs by torch FlopCounterMode, x3 for training")
+
+
+def predict_lab(workload: Workload, system: System | str = "summit", world_sizes=WEAK_SIZES,
+                **kw) -> dict[bool, list[StepPrediction]]:
+    """Weak scaling of ``workload`` on ``system`` (a :data:`SYSTEMS` key or a :class:`System`), with the
+    gradient allreduce overlapped with the backward pass (key ``True``) and after it (key ``False``)."""
+    if isinstance(system, str):
+        if system not in SYSTEMS:
+            raise ValueError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")
+        system = SYSTEMS[system]
+    sizes = sorted(set(int(n) for n in world_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"world_sizes must be positive numbers of devices, got {list(world_sizes)}")
+    return {ov: predict(workload, system, sizes, overlap=ov, **kw) for ov in (True, False)}
+
+
+def dominant_part(p: StepPrediction) -> str:
+    """``"compute"`` or ``"gradient allreduce"``: the larger of a step's compute and its allreduce time."""
+    return "compute" if p.compute_time >= p.comm_time else "gradient allreduce"
+
+
+def _flops_per_grad_byte(workload: Workload) -> float:
+    """Training FLOPs of one device's step per byte of gradient it allreduces: high means compute-bound."""
+    return workload.flops_per_sample * workload.micro_batch / workload.grad_bytes
+
+
+def format_lab_prediction(workload: Workload, pred: dict[bool, list[StepPrediction]], system_name: str) -> str:
+    """The lines a lab prints: the workload, the efficiency at the largest size, and what dominates a step."""
+    ov, no = pred[True][-1], pred[False][-1]
+    n = ov.world_size
+    return "\n".join([
+        f"{workload.name}: {workload.n_params / 1e6:.2f} M parameters ({workload.grad_bytes / MB:.1f} MB of "
+        f"gradients), {workload.flops_per_sample / 1e9:.1f} GFLOP per training sample, {workload.micro_batch} "
+        f"samples per GPU, fraction of peak {workload.mfu:.2f} (assumed)",
+        f"PREDICTED on {n} GPUs of {system_name}: weak-scaling efficiency {ov.efficiency:.2f} with overlap, "
+        f"{no.efficiency:.2f} without",
+        f"PREDICTED per step at {n} GPUs: compute {1e3 * ov.compute_time:.1f} ms, gradient allreduce "
+        f"{1e3 * ov.comm_time:.1f} ms ({1e3 * ov.exposed_comm:.1f} ms of it exposed with overlap): "
+        f"{dominant_part(ov)} dominates; waiting for the slowest of {n} GPUs adds "
+        f"{1e3 * (ov.step_time - ov.compute_time - ov.exposed_comm):.1f} ms",
+        f"training FLOPs per gradient byte: {_flops_per_grad_byte(workload):,.0f} per step "
+        f"(ResNet-50 at 64 images per GPU: {_flops_per_grad_byte(RESNET50):,.0f})",
+    ])
+
+
+def plot_lab_prediction(pred: dict[bool, list[StepPrediction]], title: str = "", axes=None):
+    """Predicted weak-scaling speedup and efficiency, with and without overlap, every curve labelled PREDICTED."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
+    sizes = [r.world_size for r in pred[True]]
+    for ov, mk in ((True, "o-"), (False, "s--")):
+        lab = "PREDICTED, " + ("overlapped allreduce" if ov else "allreduce after backward")
+        axes[0].plot(sizes, [r.speedup for r in pred[ov]], mk, ms=4, label=lab)
+        axes[1].plot(sizes, [r.efficiency for r in pred[ov]], mk, ms=4, label=lab)
+    axes[0].plot(sizes, sizes, "k:", label="ideal")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_yscale("log", base=2)
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_ylim(0, 1.05)
+    axes[0].set(xlabel="GPUs", ylabel="speedup", title="PREDICTED weak scaling" + (f": {title}" if title else ""))
+    axes[1].set(xlabel="GPUs", ylabel="efficiency", title="PREDICTED efficiency (perfmodel, not measured)")
+    for ax in axes:
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].figure.tight_layout()
+    return axes

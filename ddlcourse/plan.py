@@ -486,6 +486,19 @@ def _native_sharding(s):
     return _small_mlp("serial reference", s.n_load, s.dim, s.hidden, s.global_batch)
 
 
+def _profiling(s):      # notebook 08b: the profiled DDP step (the compile comparison adds a second copy)
+    return [Workload("profiled DDP step", s.n_ranks, _mlp(s.dim, 10, s.hidden, s.depth), _cls(s.batch, s.dim),
+                     optimizer="sgd")]
+
+
+def _pipeline_schedules(s):  # notebook 11b: every rank also builds the whole model as the serial reference
+    from ddlcourse.parallel import schedules
+    return [Workload("serial reference", s.n_ranks,
+                     lambda: schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
+                     _dense(s.global_batch, (s.dim,), (s.dim,)), loss=_mse, optimizer="none",
+                     data_bytes=2 * s.global_batch * s.dim * F32)]
+
+
 SECTIONS: dict[str, Callable] = {
     "sgd": _sgd, "batch_size": _batch_size, "loss_integrity": _loss_integrity, "data_parallel": _data_parallel,
     "sync_batchnorm": _sync_batchnorm, "large_batch": _large_batch, "scaling": _scaling, "memory": _memory,
@@ -495,6 +508,7 @@ SECTIONS: dict[str, Callable] = {
     "tensor_sequence_parallel": _tensor_sequence_parallel, "context_parallel": _context_parallel,
     "expert_parallel": _expert_parallel, "sizing_layout": _sizing_layout, "mixed_precision": _mixed_precision,
     "fault_tolerance": _fault_tolerance, "native_sharding_checkpoints": _native_sharding,
+    "pipeline_schedules": _pipeline_schedules, "profiling": _profiling,
 }
 
 

@@ -79,6 +79,20 @@ class Verdict:
         return f"Verdict(ok={self.ok}, message={self.message!r})"
 
 
+def order_verdict(got: list, ref: list, where: str, mistakes, count_hint: str) -> "Verdict | None":
+    """For checkers of an order of operations (a pipeline schedule): None when ``got == ref``; else a Verdict
+    naming the first known mistake (``mistakes``: pairs of the order that mistake gives and its hint) that
+    produces ``got``, or saying that operations are missing or extra (``count_hint``), or showing both orders."""
+    if got == ref:
+        return None
+    for wrong, hint in mistakes:
+        if got == wrong:
+            return Verdict(False, f"{where}: {hint}")
+    if sorted(got) != sorted(ref):
+        return Verdict(False, f"{where}: {count_hint}; expected {' '.join(ref)}, got {' '.join(got)}")
+    return Verdict(False, f"{where}: expected {' '.join(ref)}, got {' '.join(got)}")
+
+
 # name -> (checker(fn, **kwargs) -> Verdict, distributed?)
 CODE_EXERCISES: dict[str, tuple[Callable, bool]] = {}
 

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import nbformat
 
+from ddlcourse.config import SCALES
+
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
 VENDOR = SLIDES / "vendor"
@@ -73,10 +75,11 @@ DECKS: list[Deck] = [
          "Notebooks 01-03", 75),
     Deck("03_data_parallel", "Data parallelism done right", 50,
          ["notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb", "notebooks/06_sync_batchnorm.ipynb",
-          "notebooks/07_large_batch.ipynb", "notebooks/08_scaling.ipynb"],
+          "notebooks/07_large_batch.ipynb", "notebooks/08_scaling.ipynb",
+          "notebooks/08b_profiling.ipynb"],
          "Collectives and their cost model first; then the five steps from serial to data-parallel, three ways. "
-         "SyncBatchNorm, large-batch optimizers, and how to measure speedup honestly.",
-         "Notebooks 04-08", 120),
+         "SyncBatchNorm, large-batch optimizers, how to measure speedup honestly, and how to read a profile.",
+         "Notebooks 04-08b", 120),
     Deck("03b_runtimes", "Communication runtimes and the parameter server", 20,
          ["notebooks/04b_comm_runtimes.ipynb", "notebooks/04c_parameter_server.ipynb"],
          "What moves the bytes: MPI, NCCL, Gloo, gRPC; gloo against MPI measured here; the hierarchical allreduce "
@@ -85,7 +88,8 @@ DECKS: list[Deck] = [
          "Runtimes and parameter servers", 45),
     Deck("04_beyond_memory", "When the model does not fit", 40,
          ["notebooks/09_memory.ipynb", "notebooks/10_model_parallel.ipynb", "notebooks/11_pipeline.ipynb",
-          "notebooks/12_tensor_spatial_sharded.ipynb", "notebooks/13_federated.ipynb"],
+          "notebooks/11b_pipeline_schedules.ipynb", "notebooks/12_tensor_spatial_sharded.ipynb",
+          "notebooks/13_federated.ipynb"],
          "Where memory goes; then each way to split a model or an image across devices, each checked against "
          "the serial model. Pipeline bubbles predicted and measured. Federated learning at the end.",
          "Notebooks 09-13", 100),
@@ -344,20 +348,21 @@ def paginate(cells: list, heights: dict[str, float], budget: float) -> list:
     return out
 
 
-def title_cells(deck: Deck) -> list:
+def title_cells(deck: Deck, scale: str = "smoke") -> list:
     head = nbformat.v4.new_markdown_cell(
         f"<div class='deck-title'>\n\n# {deck.title}\n\n### {deck.subtitle}\n\n"
-        f"*Distributed Deep Learning on HPC* · {deck.minutes} min (half day) · {deck.full_day_minutes} min (full day)\n\n</div>")
+        f"*Distributed Deep Learning on HPC* · {deck.minutes} min (half day) · {deck.full_day_minutes} min (full day)\n\n"
+        f"<small>figures and numbers from runs at the `{scale}` scale</small>\n\n</div>")
     head.metadata["slideshow"] = {"slide_type": "slide"}
     notes = nbformat.v4.new_markdown_cell(deck.notes)
     notes.metadata["slideshow"] = {"slide_type": "notes"}
     return [head, notes]
 
 
-def assemble(deck: Deck, executed: list) -> nbformat.NotebookNode:
+def assemble(deck: Deck, executed: list, scale: str = "smoke") -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata = copy.deepcopy(executed[0].metadata) if executed else {}
-    nb.cells = title_cells(deck)
+    nb.cells = title_cells(deck, scale)
     for src in executed:
         nb.cells.extend(prepare_cells(select_cells(src)))
     for i, c in enumerate(nb.cells):
@@ -389,7 +394,6 @@ def executed_copy(path: Path, execute: bool = True, timeout: int = 3600, scale: 
         return nb
     if not nb.cells:
         raise ValueError(f"{path} has no cells")
-    from ddlcourse.config import SCALES
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     tag = "" if scale == "smoke" else f"-{scale}"
@@ -511,7 +515,7 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
             t0 = time.perf_counter()
             srcs = d.existing_sources()
             executed = [executed_copy(p, _should_execute(p, execute), scale=scale) for p in srcs]
-            nb = assemble(d, executed)
+            nb = assemble(d, executed, scale)
             html = SLIDES / "decks" / f"{d.name}.html"
             export_html(nb, html)
             if chrome is not None:
@@ -532,7 +536,7 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
                 if b.pdf_pages != b.slides:
                     raise RuntimeError(f"{b.name}: the PDF has {b.pdf_pages} pages for {b.slides} slides")
     manifest = SLIDES / "decks" / "manifest.json"
-    manifest.write_text(json.dumps([{"name": b.name, "slides": b.slides, "main_slides": b.main_slides,
+    manifest.write_text(json.dumps([{"name": b.name, "scale": scale, "slides": b.slides, "main_slides": b.main_slides,
                                      "pdf_pages": b.pdf_pages,
                                      "sources": b.sources} for b in built], indent=1))
     return built
@@ -544,7 +548,7 @@ def main(argv=None) -> int:
     p.add_argument("decks", nargs="*")
     p.add_argument("--execute", choices=["all", "lectures", "none"], default="all",
                    help="which sources to run first for their figures (default all, at the smoke scale)")
-    p.add_argument("--scale", default="smoke", help="the scale the notebooks run at for their figures "
+    p.add_argument("--scale", default="smoke", choices=SCALES, help="the scale the notebooks run at for their figures "
                    "(smoke, the default, takes about 10 min; laptop about an hour)")
     p.add_argument("--no-pdf", action="store_true")
     a = p.parse_args(argv)

@@ -41,10 +41,12 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "09b": ("mixed precision", "mixed-precision", "loss scal", "gradscaler", "fp16", "bf16"),
     "12b": ("tensor", "sequence parallel", "megatron"),
     "12c": ("context parallel", "ring attention", "long sequence"),
+    "11b": ("schedule", "interleaved", "zero bubble", "zero-bubble", "pipelining"),
     "12d": ("expert", "moe", "mixture"),
     "12e": ("fsdp", "dcp", "checkpoint", "native sharding"),
     "12f": ("layout", "sizing", "calculator"),
     "13b": ("fault", "restart", "elastic", "survive"),
+    "08b": ("profil", "trace", "straggler", "timeline", "torch.compile"),
 }
 REF = re.compile(r"\b[Nn]otebooks?\s+(\d\d[a-f]?)\b((?:\s*(?:[–-]|,|and|or)\s*\d\d[a-f]?\b)*)")
 STALE_NAMES = re.compile(r"Concepts\s+(?:I{1,3}|IV)\b")

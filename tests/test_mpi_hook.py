@@ -72,6 +72,8 @@ def test_mode_validates(monkeypatch):
         mpi_hook.mode()
     monkeypatch.setenv(mpi_hook.MODE_VAR, "Default")
     assert mpi_hook.mode() == "default"
+    monkeypatch.delenv(mpi_hook.MODE_VAR)
+    assert mpi_hook.mode() == "mpi"          # on by default (bench_ddp's figures in mpi_hook.mode)
 
 
 def test_no_mpi_path_without_torch_distributed():

@@ -147,3 +147,71 @@ def test_measure_allreduce_on_two_ranks_and_fit(mpi):
 def test_measure_compute():
     c = pm.measure_compute(micro_batch=4, image=16, repeats=1)
     assert c["t_sample"] > 0 and c["n_params"] > 0
+
+
+# ----------------------------------------------------------------------------------------- any model (the labs)
+def test_flops_of_a_linear_layer_and_its_parameters():
+    import torch
+    lin = torch.nn.Linear(30, 20)
+    fwd, n = pm.count_flops(lin, torch.zeros(5, 30))
+    assert fwd == 2 * 30 * 20                       # per sample: one multiply-add per weight
+    assert n == 30 * 20 + 20                        # weights and bias
+    wl = pm.workload_from_model("linear", lin, (5, 30), micro_batch=8, mfu=0.5, bytes_per_grad=2)
+    assert wl.flops_per_sample == 3 * 2 * 30 * 20 and wl.n_params == n
+    assert wl.grad_bytes == 2 * n and wl.micro_batch == 8 and wl.mfu == 0.5
+    # frozen parameters are not allreduced; the model itself is left on its device, untouched
+    lin.bias.requires_grad_(False)
+    assert pm.count_flops(lin, (1, 30))[1] == 30 * 20
+    assert lin.weight.device.type == "cpu"
+
+
+def test_flops_of_a_convolution_known_answer():
+    import torch
+    conv = torch.nn.Conv2d(3, 8, kernel_size=3, padding=1)
+    fwd, _ = pm.count_flops(conv, (2, 3, 16, 16))
+    assert fwd == 2 * (3 * 3 * 3) * 8 * 16 * 16     # 2 x (k*k*c_in) x c_out x output pixels
+
+
+def test_workload_from_model_bad_input():
+    import torch
+    lin = torch.nn.Linear(4, 3)
+    with pytest.raises(TypeError, match="nn.Module"):
+        pm.count_flops(lambda x: x, (1, 4))
+    with pytest.raises(TypeError, match="input shape"):
+        pm.count_flops(lin, "1x4")
+    with pytest.raises(ValueError, match="batch dimension"):
+        pm.count_flops(lin, (0, 4))
+    with pytest.raises(ValueError, match="shape"):
+        pm.count_flops(lin, (1, 5))                 # wrong feature size: says which shape failed
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        pm.count_flops(torch.nn.ReLU(), (1, 4))
+    with pytest.raises(ValueError, match="no FLOPs"):
+        pm.count_flops(torch.nn.LayerNorm(4), (1, 4))
+    with pytest.raises(ValueError, match="mfu"):
+        pm.workload_from_model("x", lin, (1, 4), micro_batch=1, mfu=1.5)
+    with pytest.raises(ValueError, match="micro_batch"):
+        pm.workload_from_model("x", lin, (1, 4), micro_batch=0, mfu=0.5)
+    with pytest.raises(ValueError, match="bytes_per_grad"):
+        pm.workload_from_model("x", lin, (1, 4), micro_batch=1, mfu=0.5, bytes_per_grad=3)
+    wl = pm.workload_from_model("x", lin, (1, 4), micro_batch=1, mfu=0.5)
+    with pytest.raises(ValueError, match="unknown system"):
+        pm.predict_lab(wl, "fugaku")
+    with pytest.raises(ValueError, match="positive"):
+        pm.predict_lab(wl, "summit", world_sizes=[0, 2])
+
+
+def test_predict_lab_weak_scaling_compute_against_allreduce():
+    """A compute-heavy model scales better than one whose gradients are large for its FLOPs, and a gradient
+    smaller than one bucket cannot be overlapped (it is ready only at the end of the backward pass)."""
+    heavy = pm.Workload("heavy", flops_per_sample=1e12, n_params=1e6, micro_batch=32, mfu=0.3)
+    light = pm.Workload("light", flops_per_sample=1e8, n_params=100e6, micro_batch=32, mfu=0.3)
+    ph, pl = pm.predict_lab(heavy), pm.predict_lab(light)
+    assert [r.world_size for r in ph[True]] == list(pm.WEAK_SIZES)
+    assert ph[True][0].efficiency == pytest.approx(1.0)
+    assert pm.dominant_part(ph[True][-1]) == "compute"
+    assert pm.dominant_part(pl[True][-1]) == "gradient allreduce"
+    assert pl[True][-1].efficiency < ph[True][-1].efficiency
+    assert pl[True][-1].efficiency > pl[False][-1].efficiency          # 400 MB in 16 buckets: overlap helps
+    assert ph[True][-1].step_time == pytest.approx(ph[False][-1].step_time)   # 4 MB, one bucket: it cannot
+    text = pm.format_lab_prediction(heavy, ph, "Summit")
+    assert "PREDICTED on 256 GPUs of Summit" in text and "compute dominates" in text

@@ -1,5 +1,5 @@
 """Exercises of notebooks/11_pipeline.ipynb."""
-from ddlcourse.selfcheck import Verdict, code_exercise, exercise
+from ddlcourse.selfcheck import Verdict, code_exercise, exercise, order_verdict
 
 
 @exercise("bubble_fraction", "(p - 1) / (m + p - 1)")
@@ -50,16 +50,10 @@ def check_one_f_one_b(fn, **_) -> Verdict:
                     "stage s), the last stage none",
     }
     for s, p, m in cases:
-        ref = _as_ops(schedule_order("1f1b", s, p, m))
-        got = _as_ops(fn(s, p, m))
-        if got == ref:
-            continue
-        where = f"stage {s} of {p}, {m} micro-batches"
-        for kind, hint in hints.items():
-            if got == _as_ops(_order_variant(kind)(s, p, m)):
-                return Verdict(False, f"{where}: {hint}")
-        if sorted(got) != sorted(ref):
-            return Verdict(False, f"{where}: every micro-batch needs exactly one F and one B; you have "
-                                  f"{' '.join(got)}")
-        return Verdict(False, f"{where}: expected {' '.join(ref)}, got {' '.join(got)}")
+        verdict = order_verdict(_as_ops(fn(s, p, m)), _as_ops(schedule_order("1f1b", s, p, m)),
+                                f"stage {s} of {p}, {m} micro-batches",
+                                [(_as_ops(_order_variant(kind)(s, p, m)), hint) for kind, hint in hints.items()],
+                                "every micro-batch needs exactly one F and one B")
+        if verdict is not None:
+            return verdict
     return Verdict(True)

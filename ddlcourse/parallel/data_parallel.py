@@ -82,7 +82,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
         dev = next(model.parameters()).device
         ids = [dev.index] if dev.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group, **ddp_kwargs)
-        if dev.type == "cpu":   # with $DDLCOURSE_DDP_HOOK=mpi, CPU buckets go through MPI (GPU buckets keep NCCL)
+        if dev.type == "cpu":   # CPU buckets through MPI unless $DDLCOURSE_DDP_HOOK=default (GPU buckets keep NCCL)
             from ddlcourse.parallel.mpi_hook import register_mpi_hook
             register_mpi_hook(ddp, group)
         return ddp, optimizer

@@ -8,7 +8,7 @@ against a few with MPICH's shared memory. This hook sends CPU buckets through MP
     ddp = DistributedDataParallel(model, process_group=group)
     register_mpi_hook(ddp, group)     # True: CPU buckets now go through MPI; False: left on the default hook
 
-:func:`ddlcourse.parallel.data_parallel.wrap` does this for ``backend="ddp"`` on CPU when ``$DDLCOURSE_DDP_HOOK=mpi``. The hook computes what
+:func:`ddlcourse.parallel.data_parallel.wrap` does this for ``backend="ddp"`` on CPU unless ``$DDLCOURSE_DDP_HOOK=default``. The hook computes what
 DDP's default hook computes (each bucket divided by the group size, then summed over the group), so training
 is unchanged; only the transport differs. GPU buckets keep the default hook (NCCL): mpi4py sends host memory,
 and a GPU bucket would need a CUDA-aware MPI (notebook 04b, communication runtimes).
@@ -33,16 +33,17 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-MODE_VAR = "DDLCOURSE_DDP_HOOK"        # "default" (the default): DDP's own hook; "mpi": CPU buckets through MPI
+MODE_VAR = "DDLCOURSE_DDP_HOOK"        # "mpi" (the default): CPU buckets through MPI; "default": DDP's own hook
 _DTYPES = (torch.float32, torch.float64)
 _COMMS: dict = {}                      # tuple of world ranks -> MPI communicator with those ranks (or None)
 
 
 def mode() -> str:
-    """``"default"`` or ``"mpi"``, from ``$DDLCOURSE_DDP_HOOK`` (``mpi`` switches the MPI hook on)."""
-    # opt-in: measured on a loaded 2-core machine, the hook made a 1.2 M-parameter MLP's DDP step 1.1-1.2x
-    # slower than gloo (a blocking MPI_Allreduce competes for the cores); it won on small messages only
-    m = os.environ.get(MODE_VAR, "default").strip().lower()
+    """``"mpi"`` (the default) or ``"default"`` (DDP's own hook), from ``$DDLCOURSE_DDP_HOOK``."""
+    # On by default. `python -m ddlcourse.bench_ddp` on a quiet 2-core machine, 1.2 M-parameter MLP: 2 ranks,
+    # DDP's step 0.99x Horovod's with the hook and 1.29-1.44x with gloo; 4 ranks on the 2 cores, 1.03x and
+    # 1.96x. Only with ~15 other busy processes on the 2 cores was the blocking MPI_Allreduce slower than gloo.
+    m = os.environ.get(MODE_VAR, "mpi").strip().lower()
     if m not in ("mpi", "default"):
         raise ValueError(f"${MODE_VAR} must be 'mpi' or 'default', got {m!r}")
     return m

@@ -6,7 +6,8 @@ Megatron-LM (Shoeybi et al. 2019) splits a block over the ``t`` ranks of a tenso
   same attention code on its heads), ``wo`` by *rows* (each rank multiplies its heads' output: partial sums);
 * MLP: ``fc1`` by columns (local GELU), ``fc2`` by rows.
 
-Two conjugate collectives make it exact, forward and backward (autograd functions below):
+Two conjugate collectives make it exact, forward and backward (the autograd functions of
+:mod:`ddlcourse.parallel.tensor`, here counting their bytes):
 
     f = copy_to_tp      identity forward,  all-reduce backward     (before a column layer: input replicated)
     g = reduce_from_tp  all-reduce forward, identity backward       (after a row layer: sum the partials)
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddlcourse.device import rank_device
-from ddlcourse.parallel import traffic
+from ddlcourse.parallel import tensor, traffic
 
 
 def _size_rank(group):
@@ -42,11 +43,7 @@ def _size_rank(group):
 
 
 def _all_reduce(x, group):
-    x = x.contiguous().clone()
-    t, _ = _size_rank(group)
-    traffic.add("tp", traffic.ring_bytes("all_reduce", x.numel() * x.element_size(), t))
-    tdist.all_reduce(x, group=group)
-    return x
+    return tensor.all_reduce_copy(x, group, count="tp")
 
 
 def _all_gather_seq(x, group, dim=1):
@@ -69,31 +66,6 @@ def _reduce_scatter_seq(x, group, dim=1):
     traffic.add("tp", traffic.ring_bytes("reduce_scatter", x.numel() * x.element_size(), t))
     tdist.reduce_scatter(out, chunks, group=group)
     return out
-
-
-class _CopyToTP(torch.autograd.Function):
-    """f: identity forward; all-reduce of the input gradient backward (each rank holds part of it)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward (sum the row layer's partial outputs); identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -152,11 +124,14 @@ class _GatherSeqReplicated(torch.autograd.Function):
 
 
 def copy_to_tp(x, group=None):
-    return _CopyToTP.apply(x, group)
+    """f: identity forward; all-reduce of the input gradient backward (:func:`ddlcourse.parallel.tensor.copy_to_tp`,
+    counted as ``"tp"`` traffic)."""
+    return tensor.copy_to_tp(x, group, count="tp")
 
 
 def reduce_from_tp(x, group=None):
-    return _ReduceFromTP.apply(x, group)
+    """g: all-reduce forward (sum the row layer's partial outputs); identity backward (counted as ``"tp"``)."""
+    return tensor.reduce_from_tp(x, group, count="tp")
 
 
 def gather_seq(x, group=None):

@@ -21,35 +21,53 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddlcourse.device import rank_device
+from ddlcourse.parallel import traffic
+
+
+def all_reduce_copy(x: torch.Tensor, group=None, count: str | None = None) -> torch.Tensor:
+    """The sum of ``x`` over the group, in a new tensor; ``count``: also add the bytes this rank sends to
+    :mod:`ddlcourse.parallel.traffic` under that kind."""
+    x = x.contiguous().clone()
+    if count is not None:
+        t = tdist.get_world_size(group)
+        traffic.add(count, traffic.ring_bytes("all_reduce", x.numel() * x.element_size(), t))
+    tdist.all_reduce(x, group=group)
+    return x
 
 
 class _CopyToTP(torch.autograd.Function):
     """f: identity forward, allreduce-sum of the gradient backward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group, count=None):
+        ctx.group, ctx.count = group, count
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        g = g.contiguous().clone()
-        tdist.all_reduce(g, group=ctx.group)
-        return g, None
+        return all_reduce_copy(g, ctx.group, ctx.count), None, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     """g: allreduce-sum forward, identity backward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        tdist.all_reduce(x, group=group)
-        return x
+    def forward(ctx, x, group, count=None):
+        return all_reduce_copy(x, group, count)
 
     @staticmethod
     def backward(ctx, g):
-        return g, None
+        return g, None, None
+
+
+def copy_to_tp(x: torch.Tensor, group=None, count: str | None = None) -> torch.Tensor:
+    """Megatron's f (before a column layer); ``count``: the traffic kind its backward all-reduce is counted as."""
+    return _CopyToTP.apply(x, group, count)
+
+
+def reduce_from_tp(x: torch.Tensor, group=None, count: str | None = None) -> torch.Tensor:
+    """Megatron's g (after a row layer); ``count``: the traffic kind its forward all-reduce is counted as."""
+    return _ReduceFromTP.apply(x, group, count)
 
 
 class _GatherFromTP(torch.autograd.Function):
@@ -86,7 +104,7 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.gather_output = group, gather_output
 
     def forward(self, x):                                  # x: (..., in) replicated
-        y = F.linear(_CopyToTP.apply(x, self.group), self.weight, self.bias)   # (..., out/t)
+        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)   # (..., out/t)
         return _GatherFromTP.apply(y, self.group) if self.gather_output else y
 
 
@@ -102,7 +120,7 @@ class RowParallelLinear(nn.Module):
         self.group = group
 
     def forward(self, x_split):                            # x_split: (..., in/t)
-        y = _ReduceFromTP.apply(F.linear(x_split, self.weight), self.group)  # (..., out): sum of partials
+        y = reduce_from_tp(F.linear(x_split, self.weight), self.group)       # (..., out): sum of partials
         return y + self.bias if self.bias is not None else y
 
 

@@ -1,0 +1,371 @@
+"""Notebook 11b · pipeline schedules beyond 1F1B, with torch's own ``torch.distributed.pipelining``.
+
+Run on the ranks (``mp.on_first_ranks(p, fn, ...)`` passes ``group``); every model and tensor lives on
+``dist.init().device``. The model is a stack of ``Linear(dim, dim) + tanh`` blocks cut into ``p * v`` stages:
+
+* one stage per rank (``v = 1``): GPipe, 1F1B;
+* ``v = 2`` *looped* stages per rank (rank ``r`` holds stages ``r, r + p``): Interleaved1F1B, LoopedBFS,
+  InterleavedZeroBubble;
+* ``v = 2`` stages in a *V* (rank ``r`` holds stages ``r`` and ``2p - 1 - r``, so rank 0 holds the first and
+  the last): ZBVZeroBubble, DualPipeV.
+
+What is measured, per rank, by wrapping the stage's own compute calls (``forward_one_chunk``,
+``backward_one_chunk``, ``backward_weight_one_chunk``): an event per forward ``F``, backward ``B`` (the full
+backward, or only the input gradient in the zero-bubble schedules) and weight gradient ``W``; the bytes of
+activations autograd keeps (``torch.autograd.graph.saved_tensors_hooks``).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+from torch.distributed import pipelining as pp
+
+from ddlcourse import dist
+from ddlcourse.device import now
+
+# name -> (schedule class, stages per rank, placement of the stages)
+SCHEDULES = {
+    "GPipe": (pp.ScheduleGPipe, 1, "loop"),
+    "1F1B": (pp.Schedule1F1B, 1, "loop"),
+    "Interleaved1F1B": (pp.ScheduleInterleaved1F1B, 2, "loop"),
+    "LoopedBFS": (pp.ScheduleLoopedBFS, 2, "loop"),
+    "InterleavedZeroBubble": (pp.ScheduleInterleavedZeroBubble, 2, "loop"),
+    "ZBVZeroBubble": (pp.ScheduleZBVZeroBubble, 2, "v"),
+    "DualPipeV": (pp.ScheduleDualPipeV, 2, "v"),
+}
+
+
+def _spec(schedule: str):
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    return SCHEDULES[schedule]
+
+
+def stage_indices(schedule: str, rank: int, num_ranks: int) -> list[int]:
+    """The global stage indices that ``rank`` holds under ``schedule`` (``p * v`` stages in all)."""
+    _, v, placement = _spec(schedule)
+    if placement == "v":
+        return [rank, 2 * num_ranks - 1 - rank]
+    return [rank + k * num_ranks for k in range(v)]
+
+
+def build_model(num_stages: int, dim: int, layers_per_stage: int, seed: int = 0) -> nn.Sequential:
+    """The whole model (same on every rank): ``num_stages`` blocks of ``layers_per_stage`` Linear+tanh layers."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(*[m for _ in range(layers_per_stage)
+                                           for m in (nn.Linear(dim, dim), nn.Tanh())])
+                           for _ in range(num_stages)])
+
+
+def predicted_bubble(schedule: str, num_ranks: int, num_micro_batches: int) -> float:
+    """Idle fraction with equal stages and free messages, from the textbook formulas.
+
+    GPipe, 1F1B: ``(p-1)/(m+p-1)`` (Huang et al. 2019). Looped schedules with ``v`` stages per rank:
+    ``(p-1)/(v m + p-1)`` (Narayanan et al. 2021, SC'21, sec. 2.2.2). Zero-bubble schedules: 0 in the ideal
+    (Qi et al. 2024, ICLR), which assumes the weight-gradient work fills every gap.
+    """
+    p, m = num_ranks, num_micro_batches
+    if p < 1 or m < 1:
+        raise ValueError(f"need p >= 1 and m >= 1, got p={p}, m={m}")
+    _, v, _ = _spec(schedule)
+    if "ZeroBubble" in schedule or schedule == "DualPipeV":
+        return 0.0
+    return (p - 1) / (v * m + p - 1)
+
+
+class _SavedBytes:
+    """Bytes of the tensors autograd saves for backward, live now and at the peak (saved_tensors_hooks).
+
+    Each saved block of memory (address and size) counts once while any saved tensor uses it; views of the
+    parameters (a Linear saves its transposed weight) are left out: they are weights, not activations.
+    """
+
+    def __init__(self, params=()):
+        self.skip = {p.data_ptr() for p in params}
+        self.refs: dict = {}              # (address, bytes) -> saved tensors using it
+        self.live = 0
+        self.peak = 0
+
+    def add(self, key, nbytes):
+        if key not in self.refs:
+            self.refs[key] = 0
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        self.refs[key] += 1
+
+    def remove(self, key, nbytes):
+        self.refs[key] -= 1
+        if not self.refs[key]:
+            del self.refs[key]
+            self.live -= nbytes
+
+    def reset(self):
+        self.peak = self.live
+
+    def _pack(self, t):
+        if t.data_ptr() in self.skip:
+            return t
+        return _Held(t, self, (t.data_ptr(), t.numel() * t.element_size()))
+
+    @staticmethod
+    def _unpack(h):
+        return h.tensor if isinstance(h, _Held) else h
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+
+class _Held:
+    """One saved tensor; its storage counts while autograd keeps it (freed with the graph after backward)."""
+
+    def __init__(self, t, counter, key):
+        self.tensor, self.counter, self.key = t, counter, key
+        self.nbytes = key[1]
+        counter.add(key, self.nbytes)
+
+    def __del__(self):
+        self.counter.remove(self.key, self.nbytes)
+
+
+def _instrument(stage, events: list, rank: int, device) -> None:
+    """Record an event ``{rank, kind, micro_batch, stage, start, stop}`` around each compute call of ``stage``."""
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def timed(kind, fn, mb, *a, **k):
+        t = now(device)
+        out = fn(mb, *a, **k)
+        events.append(dict(rank=rank, kind=kind, micro_batch=mb, stage=stage.stage_index, start=t, stop=now(device)))
+        return out
+
+    stage.forward_one_chunk = lambda mb, *a, **k: timed("F", fwd, mb, *a, **k)
+    stage.backward_one_chunk = lambda mb, *a, **k: timed("B", bwd, mb, *a, **k)
+    stage.backward_weight_one_chunk = lambda mb, *a, **k: timed("W", wgt, mb, *a, **k)
+
+
+def _setup(schedule, num_micro_batches, micro_batch, dim, layers_per_rank, group, seed):
+    """This rank's stage modules and schedule, the serial model, and one global batch (same on every rank)."""
+    info = dist.init(horovod=False)
+    cls, v, _ = _spec(schedule)
+    if layers_per_rank < v or layers_per_rank % v:
+        raise ValueError(f"{schedule} puts {v} stages on each rank: layers_per_rank must be a multiple of {v}, "
+                         f"got {layers_per_rank}")
+    layers_per_stage = layers_per_rank // v
+    p, r = tdist.get_world_size(group), tdist.get_rank(group)
+    n_stages = p * v
+    full = build_model(n_stages, dim, layers_per_stage, seed).to(info.device)
+    mine = stage_indices(schedule, r, p)
+    modules = {s: copy.deepcopy(full[s]) for s in mine}
+    stages = [pp.PipelineStage(modules[s], s, n_stages, info.device, group=group) for s in mine]
+    sched = cls(stages if v > 1 else stages[0], n_microbatches=num_micro_batches, loss_fn=nn.functional.mse_loss)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(num_micro_batches * micro_batch, dim, generator=g).to(info.device)   # (global_batch, dim)
+    y = torch.randn(num_micro_batches * micro_batch, dim, generator=g).to(info.device)
+    return info, full, modules, stages, sched, x, y, mine, n_stages
+
+
+def _step(sched, mine, n_stages, x, y):
+    """One pipelined step; the per-micro-batch losses on the rank holding the last stage."""
+    losses = []
+    args = (x,) if 0 in mine else ()
+    kw = dict(target=y, losses=losses) if n_stages - 1 in mine else {}
+    sched.step(*args, **kw)
+    return losses
+
+
+def compare_with_serial(schedule: str, num_micro_batches: int, micro_batch: int, dim: int,
+                        layers_per_rank: int = 2, group=None, seed: int = 0) -> dict:
+    """One step of ``schedule`` against the unpipelined model on the whole batch (MSE loss, mean).
+
+    The model has ``layers_per_rank * p`` layers whatever the schedule (``layers_per_rank / v`` per stage).
+
+    Returns this rank's ``{rank, stages, grad_diff, loss_diff}``: the largest ``|grad - serial grad|`` over the
+    parameters of its stages, ``|mean micro-batch loss - serial loss|`` (0.0 off the last stage's rank) and
+    ``n_losses``, the micro-batch losses this rank saw (``m`` on the last stage's rank, else 0).
+    """
+    info, full, modules, stages, sched, x, y, mine, n_stages = _setup(
+        schedule, num_micro_batches, micro_batch, dim, layers_per_rank, group, seed)
+    losses = _step(sched, mine, n_stages, x, y)
+    serial_loss = nn.functional.mse_loss(full(x), y)
+    serial_loss.backward()
+    grad_diff = max((pm.grad - ps.grad).abs().max().item()
+                    for s in mine for pm, ps in zip(modules[s].parameters(), full[s].parameters()))
+    loss_diff = abs(torch.stack(losses).mean().item() - serial_loss.item()) if losses else 0.0
+    return dict(rank=tdist.get_rank(group), stages=mine, grad_diff=grad_diff, loss_diff=loss_diff,
+                n_losses=len(losses), device=str(info.device))
+
+
+def measure(schedule: str, num_micro_batches: int, micro_batch: int, dim: int, layers_per_rank: int = 2,
+            repeats: int = 3, group=None, seed: int = 0) -> dict:
+    """Busy time, step time and saved activations of ``schedule`` on this rank (after one warm-up step).
+
+    Returns ``{rank, stages, busy, makespan, events, peak_bytes, unit_bytes, held}``: ``busy``/``makespan``
+    are the medians over ``repeats`` steps of the summed compute time and the step time (after a barrier) of
+    this rank; ``events`` the compute calls of the last step, ``{rank, kind, micro_batch, stage, start, stop}``
+    with times from its start; ``held`` the peak of the bytes
+    autograd kept divided by ``unit_bytes``, the bytes one micro-batch keeps on this rank's stages.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    info, full, modules, stages, sched, x, y, mine, n_stages = _setup(
+        schedule, num_micro_batches, micro_batch, dim, layers_per_rank, group, seed)
+    r = tdist.get_rank(group)
+    _step(sched, mine, n_stages, x, y)                  # warm-up: shapes, buffers, first p2p
+    events: list = []
+    for st in stages:
+        _instrument(st, events, r, info.device)
+    busy, spans, last = [], [], []
+    params = [q for mod in modules.values() for q in mod.parameters()]
+    saved = _SavedBytes(params)
+    for _ in range(repeats):
+        events.clear()
+        for mod in modules.values():
+            mod.zero_grad(set_to_none=True)
+        tdist.barrier(group=group)
+        saved.reset()
+        t0 = now(info.device)
+        with saved.hooks():
+            _step(sched, mine, n_stages, x, y)
+        spans.append(now(info.device) - t0)
+        busy.append(sum(e["stop"] - e["start"] for e in events))
+        last = [{**e, "start": e["start"] - t0, "stop": e["stop"] - t0} for e in events]
+    peak = saved.peak
+    # one micro-batch through this rank's stages (plus the loss where the last stage lives), kept alive
+    unit = _SavedBytes(params)
+    with unit.hooks():
+        xs = x[:micro_batch]
+        outs = [modules[s](xs.clone()) for s in mine]      # each stage gets its own input, as in the pipeline
+        if n_stages - 1 in mine:
+            outs.append(nn.functional.mse_loss(outs[-1], y[:micro_batch]))
+        unit_bytes = unit.peak
+    del outs
+    return dict(rank=r, stages=mine, busy=statistics.median(busy), makespan=statistics.median(spans),
+                events=last, peak_bytes=peak, unit_bytes=unit_bytes, held=peak / unit_bytes)
+
+
+def bubble(results: list[dict]) -> float:
+    """Measured idle fraction of one step: ``1 - sum_r busy_r / (p * max_r makespan_r)``."""
+    span = max(d["makespan"] for d in results)
+    return 1.0 - sum(d["busy"] for d in results) / (len(results) * span)
+
+
+def predicted_held(schedule: str, stage: int, num_ranks: int, num_micro_batches: int) -> float | None:
+    """Micro-batches of activations rank ``stage`` keeps at the peak, where a formula is known (else None).
+
+    GPipe: ``m``. 1F1B: ``min(p - s, m)``: ``p - s - 1`` warm-up forwards and one more before the first
+    backward. Interleaved 1F1B, on every rank but the last: likewise its warm-up forwards plus one, in units
+    of ``v`` stage forwards, ``min((v-1) p + 2 (p-1-r) + 1, v m) / v``. (The last rank also holds the loss,
+    on one of its two stages only, so its count in units of a whole micro-batch is not this one.)
+    """
+    p, m = num_ranks, num_micro_batches
+    if schedule == "GPipe":
+        return m
+    if schedule == "1F1B":
+        return min(p - stage, m)
+    if schedule == "Interleaved1F1B" and stage < p - 1:
+        v = SCHEDULES[schedule][1]
+        return min((v - 1) * p + 2 * (p - 1 - stage) + 1, v * m) / v
+    return None
+
+
+# --------------------------------------------------------------------------- the interleaved order
+def interleaved_order(rank: int, num_ranks: int, num_micro_batches: int, stages_per_rank: int) -> list[tuple]:
+    """The compute order of ``rank`` under interleaved 1F1B (Narayanan et al. 2021), ``m % p == 0``.
+
+    Returns ``[("F" | "B", stage, micro_batch), ...]`` with global stage indices ``rank + k * p``. Forwards
+    go through the rank's stages in rounds of ``p`` micro-batches (stage ``rank`` for micro-batches 0..p-1,
+    then stage ``rank + p`` for the same ones, ...); backwards visit the stages in reverse. The rank runs
+    ``(v - 1) * p + 2 * (p - 1 - rank)`` warm-up forwards (at most ``v * m``), then one forward and one
+    backward in turn, then the remaining backwards. The same order as torch's ``ScheduleInterleaved1F1B``.
+    """
+    p, m, v = num_ranks, num_micro_batches, stages_per_rank
+    if not 0 <= rank < p or m < 1 or v < 1:
+        raise ValueError(f"need 0 <= rank < p, m >= 1, v >= 1; got rank={rank}, p={p}, m={m}, v={v}")
+    if m % p:
+        raise ValueError(f"this order needs m to be a multiple of p, got m={m}, p={p}")
+    total = v * m
+    warmup = min((v - 1) * p + 2 * (p - 1 - rank), total)
+
+    def nth(k: int, backward: bool) -> tuple[int, int]:
+        """(stage, micro-batch) of the rank's k-th forward (or backward) op."""
+        chunk = (k // p) % v
+        if backward:
+            chunk = v - 1 - chunk
+        return rank + chunk * p, (k // (p * v)) * p + k % p
+
+    order = [("F", *nth(k, False)) for k in range(warmup)]
+    for k in range(warmup, total):
+        order += [("F", *nth(k, False)), ("B", *nth(k - warmup, True))]
+    order += [("B", *nth(k, True)) for k in range(total - warmup, total)]
+    return order
+
+
+PLANNED = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def torch_order(schedule: str, rank: int, num_ranks: int, num_micro_batches: int,
+                stages_per_rank: int | None = None) -> list[tuple]:
+    """The compute actions of ``rank`` in torch's own plan (``pipeline_order``), as ``(kind, stage, mb)``.
+
+    Builds the plan without stages or process groups, for the multi-stage schedules (a private part of
+    torch 2.x, used here to draw and check the orders): kinds F, B (full or input-only backward), W.
+    """
+    cls, v, _ = _spec(schedule)
+    v = stages_per_rank or v
+    if schedule not in PLANNED:
+        raise ValueError(f"torch_order reads the plans of {', '.join(PLANNED)}, not {schedule!r}")
+    fake = cls.__new__(cls)
+    fake.pp_group_size, fake.n_local_stages, fake._n_microbatches = num_ranks, v, num_micro_batches
+    fake.rank = rank
+    fake.number_of_rounds = max(1, num_micro_batches // num_ranks)
+    fake.microbatches_per_round = num_micro_batches // fake.number_of_rounds
+    fake._num_stages = fake.num_stages = v * num_ranks
+    fake.pipeline_order = {}
+    ops = cls._calculate_single_rank_operations(fake, rank)
+    kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
+    out = []
+    for a in ops:
+        if a is None:
+            continue
+        k = str(a.computation_type)
+        k = getattr(a.computation_type, "value", k)
+        if k in kinds:
+            out.append((kinds[k], a.stage_index, a.microbatch_index))
+    return out
+
+
+def text_picture(orders: dict[int, list[tuple]]) -> str:
+    """One line per rank: ``F0.1`` is the forward of stage 0 on micro-batch 1 (rank -> its actions, in order)."""
+    return "\n".join(f"rank {r}: " + " ".join(f"{k}{s}.{mb}" for k, s, mb in ops) for r, ops in sorted(orders.items()))
+
+
+# --------------------------------------------------------------------------- plots
+KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+
+
+def plot_timeline(events, ax=None, title: str = ""):
+    """One row per rank, a box per compute call (F forward, B backward or input grad, W weight grad), in ms.
+
+    ``events``: the dicts of :func:`measure` (times in seconds). Gaps in a row are time the rank spent idle
+    or waiting for a message.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = sorted({e["rank"] for e in events})
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.45 * (1 + len(ranks))))
+    for e in events:
+        w = (e["stop"] - e["start"]) * 1e3
+        ax.barh(e["rank"], w, left=e["start"] * 1e3, color=KIND_COLORS[e["kind"]], edgecolor="white", height=0.8)
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title, fontsize=9)
+    names = {"F": "forward", "B": "backward (input grad in ZB)", "W": "weight grad"}
+    kinds = [k for k in KIND_COLORS if any(e["kind"] == k for e in events)]
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in kinds], fontsize=7, loc="lower right")
+    return ax

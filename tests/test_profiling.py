@@ -1,0 +1,155 @@
+"""ddlcourse.profiling (notebook 08b, profiling a data-parallel step): interval arithmetic, the straggler rule,
+Horovod's timeline, the exercise checkers, and the profiled step on 2 gloo ranks."""
+import json
+import random
+
+import pytest
+
+from ddlcourse import profiling as P
+from ddlcourse import selfcheck
+from ddlcourse.exercises import nb08b_profiling as ex
+
+
+# --------------------------------------------------------------------------- interval arithmetic
+def test_union_total_subtract_by_hand():
+    assert P.union([(3, 4), (0, 2), (1, 2.5)]) == [(0, 2.5), (3, 4)]
+    assert P.total([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+    assert P.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+    assert P.subtract([(0, 1)], [(-1, 2)]) == []
+    assert P.exposed_comm([(2, 5), (4.5, 7.5), (9, 10.5), (10, 11)], [(0, 4), (3, 6), (7, 9)]) == pytest.approx(3.0)
+    assert P.exposed_comm([], [(0, 1)]) == 0.0
+    with pytest.raises(ValueError, match="ends before it starts"):
+        P.union([(2, 1)])
+
+
+def test_exposed_comm_matches_a_sampled_measure():
+    """Against a brute-force count on a fine grid of random intervals."""
+    rng = random.Random(7)
+    for _ in range(20):
+        def rand_iv(k):
+            out = []
+            for _ in range(k):
+                a = rng.randint(0, 90)
+                out.append((a / 10, (a + rng.randint(1, 30)) / 10))
+            return out
+        comm, comp = rand_iv(rng.randint(1, 5)), rand_iv(rng.randint(0, 5))
+        grid = [i / 100 + 0.005 for i in range(1300)]          # midpoints of 0.01-wide cells up to 13
+        covered = sum(1 for g in grid if any(a <= g < b for a, b in comm) and not any(a <= g < b for a, b in comp))
+        assert P.exposed_comm(comm, comp) == pytest.approx(covered / 100, abs=1e-9)
+
+
+def test_find_straggler():
+    assert P.find_straggler([0.3, 0.01, 0.29]) == 1
+    assert P.find_straggler({0: 0.4, 3: 0.02, 5: 0.41}) == 3
+    with pytest.raises(ValueError):
+        P.find_straggler([])
+
+
+# --------------------------------------------------------------------------- Horovod's timeline
+def test_horovod_timeline_parsing(tmp_path):
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.w"}},
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100, "pid": 1},
+        {"ph": "E", "ts": 400, "pid": 1},
+        {"ph": "B", "name": "ALLREDUCE", "ts": 500, "pid": 1},
+        {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 600, "pid": 1},
+        {"ph": "E", "ts": 800, "pid": 1},
+        {"ph": "E", "ts": 1500, "pid": 1},
+    ]
+    path = tmp_path / "tl.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")    # a job that died: no "]"
+    got = P.read_horovod_timeline(path)
+    assert got == events
+    ph = P.horovod_phases(got)
+    assert ph == pytest.approx({"NEGOTIATE_ALLREDUCE": 300e-6, "ALLREDUCE": 1000e-6, "MPI_ALLREDUCE": 200e-6})
+    assert P.horovod_tensors(got) == ["allreduce.w"]
+
+
+def test_horovod_timeline_job(tmp_path):
+    """A fresh 2-rank Horovod job writes a timeline with the allreduce phases."""
+    path = P.run_horovod_timeline(tmp_path / "tl.json", n=2, dim=8, hidden=16, depth=1, batch=8, steps=2)
+    ph = P.horovod_phases(P.read_horovod_timeline(path))
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= set(ph)
+    assert all(v >= 0 for v in ph.values())
+
+
+# --------------------------------------------------------------------------- the exercise checkers
+def test_exposed_comm_checker():
+    assert selfcheck.run_checker("exposed_comm", P.exposed_comm).ok
+    msg = selfcheck.run_checker("exposed_comm", ex._all_comm).message
+    assert "without taking off" in msg
+    assert "subtract the union of the compute" in selfcheck.run_checker("exposed_comm", ex._union_only).message
+    assert "subtracted all compute time" in selfcheck.run_checker("exposed_comm", ex._minus_compute_total).message
+    assert "merge the communication intervals" in selfcheck.run_checker("exposed_comm", ex._no_union).message
+    assert "as a number" in selfcheck.run_checker("exposed_comm", lambda a, b: None).message
+
+    def unwritten(*a):
+        raise NotImplementedError
+    assert "not written yet" in selfcheck.run_checker("exposed_comm", unwritten).message
+
+
+def test_find_straggler_checker():
+    assert selfcheck.run_checker("find_straggler", P.find_straggler).ok
+
+    def longest(w):
+        items = w.items() if isinstance(w, dict) else enumerate(w)
+        return max(items, key=lambda kv: kv[1])[0]
+    assert "waits longest" in selfcheck.run_checker("find_straggler", longest).message
+    assert not selfcheck.run_checker("find_straggler", lambda w: 0).ok
+
+
+# --------------------------------------------------------------------------- the plot
+def test_plot_step_draws_every_phase():
+    import matplotlib
+    matplotlib.use("Agg")
+    step = [("forward", "forward", 0.0, 0.01), ("backward", "backward", 0.01, 0.03),
+            ("gloo:all_reduce", "allreduce", 0.015, 0.02), ("optimizer", "optimizer", 0.03, 0.031)]
+    res = [dict(rank=r, steps=[step]) for r in range(2)]
+    ax = P.plot_step(res)
+    assert len(ax.patches) == 8                               # 3 phases + 1 allreduce, per rank
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1].startswith("allreduce")
+
+
+def test_profile_step_needs_init():
+    code = ("from ddlcourse import profiling as P\ntry:\n    P.profile_step(4, 8, 1, 4)\nexcept RuntimeError as e:\n"
+            "    assert 'dist.init' in str(e)\nelse:\n    raise SystemExit('no error')\n")
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- on 2 gloo ranks
+RANKS = r"""
+from ddlcourse import dist, profiling as P
+from ddlcourse.parallel.model_parallel import on_first_ranks
+import os, pytest
+info = dist.init(horovod=False)
+kw = dict(dim=16, hidden=64, depth=2, batch=16, steps=2, bucket_cap_mb=0.01)
+serial = on_first_ranks(1, P.profile_step, ddp=False, **kw)
+both = on_first_ranks(2, P.profile_step, trace_dir=os.environ["TRACE_DIR"], **kw)
+slow = on_first_ranks(2, P.profile_step, delay_rank=1, delay_s=0.3, **kw)
+with pytest.raises(ValueError, match="delay_rank"):
+    P.profile_step(delay_rank=5, **kw)
+cmp = on_first_ranks(2, P.compare_compile, dim=16, hidden=64, depth=2, batch=16, steps=2, backend="aot_eager")
+lines = dist._comm().gather(
+    f"rank {info.rank}: serial_comm {None if serial is None else serial['phases']['allreduce'] == 0} "
+    f"ddp_comm {both['phases']['allreduce'] > 0} events {all(len(s) > 0 for s in both['steps'])} "
+    f"trace {os.path.isfile(both['trace'])} wait {slow['phases']['allreduce']:.4f} "
+    f"same {cmp['loss_diff'] <= 1e-5 * abs(cmp['loss']) and cmp['grad_diff'] <= 1e-5 * cmp['grad_scale']}", root=0)
+waits = dist._comm().gather(slow["phases"]["allreduce"], root=0)
+if info.rank == 0:
+    print("\n".join(lines))
+    print("straggler", P.find_straggler(waits))
+dist.shutdown()
+"""
+
+
+def test_profile_step_on_two_ranks(mpi, tmp_path):
+    out = mpi(2, RANKS, env={"TRACE_DIR": str(tmp_path)}).stdout
+    assert "rank 0: serial_comm True ddp_comm True events True trace True" in out, out
+    assert "rank 1: serial_comm None ddp_comm True events True trace True" in out, out
+    assert out.count("same True") == 2, out
+    assert "straggler 1" in out, out
+    trace = json.loads((tmp_path / "rank0.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"forward", "backward", "optimizer", "gloo:all_reduce"} <= names
