@@ -155,7 +155,8 @@ report() {   # report ID STATUS REASON [SECONDS]
   case "$2" in PASS) N_PASS=$((N_PASS + 1)) ;; FAIL) N_FAIL=$((N_FAIL + 1)); FAILED+=("$1") ;; *) N_SKIP=$((N_SKIP + 1)) ;; esac
 }
 # run_logged ID TIMEOUT_S CMD...: run with output to ID.log; sets RC and SECS. A launch whose MPI_Init aborted
-# (seen rarely with pip's MPICH under srun --mpi=pmi2) is run once more; the report says so (RETRY_NOTE).
+# (seen with pip's MPICH under srun --mpi=pmi2 when a killed job had left a segment of the same job id in
+# /dev/shm, on test clusters that reused job ids) is run once more; the report says so (RETRY_NOTE).
 MPI_INIT_ABORT='internal_Init_thread|MPI_Init(_thread)?\(.*failed|UCX +ERROR failed to unpack address'
 RETRY_NOTE=
 run_logged() {

@@ -41,6 +41,7 @@ from ddlcourse import checks, cluster, integrity
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "env" / "multinode"))
 from harness import NODES, TwoNodes, children, clean_env  # noqa: E402
+from slurm_jobs import pmi_flake, run_batch_job  # noqa: E402  (tests/, on sys.path under pytest)
 
 HOSTS = [NODES[1][0], NODES[2][0]]
 ADDRESSES = {name: addr for name, addr in NODES.values()}
@@ -150,19 +151,21 @@ def _job_id(text: str) -> str:
     return m.group(1)
 
 
-def _pmi_flake(text: str) -> bool:
-    """MPICH's MPI_Init failed under srun --mpi=pmi2: slurmstepd logged garbled PMI requests ("mpi/pmi2: value
-    not properly terminated in client request"), then UCX's address exchange failed. Seen on this machine
-    in about 1 launch of 10 at a load of 15-20 on 2 cores, never when idle, and also by tests/test_slurm.py
-    on one node; Hydra's mpiexec is not affected. One retry, printed, so that it stays visible."""
-    return "MPI_Init_thread" in text and "failed" in text
+def _retry_on_pmi_flake(what: str, run, nodes, env):
+    """``run()`` (an srun or salloc launch), once more when its start-up broke in PMI (see slurm_jobs).
 
-
-def _retry_on_pmi_flake(what: str, run):
-    p = run()
+    A launch that hangs after the PMI signs reaches its timeout; its job is then cancelled before the retry."""
+    try:
+        p = run()
+    except subprocess.TimeoutExpired as e:
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        if not pmi_flake(out):
+            raise
+        nodes.run(1, ["scancel", "--user", "root"], env=env, timeout=60)
+        p = subprocess.CompletedProcess(e.cmd, -9, out, "")
     out = p.stdout + p.stderr
-    if p.returncode != 0 and _pmi_flake(out):
-        print(f"[multinode] {what}: MPI_Init failed under srun (PMI); retrying once. First attempt:\n{out[-1500:]}")
+    if p.returncode != 0 and pmi_flake(out):
+        print(f"[multinode] {what}: MPI start-up failed under srun (PMI); retrying once. First attempt:\n{out[-1500:]}")
         p = run()
     return p
 
@@ -185,7 +188,7 @@ def test_check_with_srun_on_two_nodes(nodes, env, srun_mpi):
     t0 = time.perf_counter()
     p = _retry_on_pmi_flake("srun check", lambda: nodes.run(
         1, ["srun", f"--mpi={srun_mpi}", "-N2", "-n4", "--cpu-bind=none", "--time=10", "--kill-on-bad-exit=1",
-            PY, "env/multinode/probe.py"], env=env, timeout=300))
+            PY, "env/multinode/probe.py"], env=env, timeout=300), nodes, env)
     print(f"[multinode] srun -N2 -n4 check: {time.perf_counter() - t0:.1f} s")
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"{out[-4000:]}\n{nodes.logs()}"
@@ -293,19 +296,6 @@ def test_mpicluster_across_nodes(nodes, env, launcher):
         assert too_many and "5 engines asked for" in too_many and "SLURM_NTASKS=4" in too_many, too_many
 
 
-def _wait_for_job(nodes, job: str, env: dict, output: Path, timeout: float = 600) -> str:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        q = nodes.run(1, ["squeue", "-h", "-j", job, "-o", "%T"], env=env, timeout=30)
-        if not q.stdout.strip():
-            return nodes.run(1, ["scontrol", "show", "job", job], env=env, timeout=30).stdout
-        time.sleep(0.5)
-    steps = nodes.run(1, ["squeue", "-s", "-j", job], env=env, timeout=30).stdout
-    nodes.run(1, ["scancel", job], env=env, timeout=30)
-    out = output.read_text(errors="replace")[-5000:] if output.exists() else "(no output file)"
-    raise AssertionError(f"job {job} still running after {timeout} s; steps:\n{steps}\noutput:\n{out}\n{nodes.logs()}")
-
-
 @pytest.mark.slow
 def test_lab_on_two_nodes_matches_one_node(nodes, env, tmp_path):
     case = "driving"
@@ -313,18 +303,10 @@ def test_lab_on_two_nodes_matches_one_node(nodes, env, tmp_path):
     t0 = time.perf_counter()
     two = dict(env, DDLCOURSE_RESULTS=str(tmp_path / "two"))
 
-    def submit() -> tuple[str, str, str]:
-        p = nodes.run(1, ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", "--time=15", "--chdir", str(ROOT),
-                          "-o", str(tmp_path / "job-%j.out"), "env/slurm/lab.sbatch", *args], env=two, timeout=60)
-        assert p.returncode == 0, p.stderr
-        job = p.stdout.strip().split(";")[0]
-        info = _wait_for_job(nodes, job, two, tmp_path / f"job-{job}.out")
-        return job, info, (tmp_path / f"job-{job}.out").read_text()
-
-    job, info, out = submit()
-    if "JobState=COMPLETED" not in info and _pmi_flake(out):
-        print(f"[multinode] lab.sbatch: MPI_Init failed under srun (PMI); retrying once. First job:\n{out[-1500:]}")
-        job, info, out = submit()
+    job, info, out = run_batch_job(
+        lambda argv: nodes.run(1, argv, env=two, timeout=60),
+        ["-N2", "--ntasks-per-node=2", "--time=15", "--chdir", str(ROOT), "env/slurm/lab.sbatch", *args],
+        tmp_path / "job-%j.out", "lab.sbatch on 2 nodes", pending_timeout=300)
     t_two = time.perf_counter() - t0
     assert "JobState=COMPLETED" in info, f"{info}\n{out[-4000:]}"
     summary = json.loads((tmp_path / "two" / "slurm" / f"ddl-lab-{job}.json").read_text())
@@ -384,7 +366,7 @@ def test_notebook_00_with_engines_on_both_nodes(nodes, env, tmp_path):
         return proc, "".join(lines), leaks
 
     proc, out, leaks = attempt()
-    if proc.returncode != 0 and _pmi_flake(out):
+    if proc.returncode != 0 and pmi_flake(out):
         print(f"[multinode] notebook 00: MPI_Init failed under srun (PMI); retrying once. First run:\n{out[-1500:]}")
         proc, out, leaks = attempt()
     print(f"[multinode] notebook 00 under nbval on 2 nodes: {time.perf_counter() - t0:.1f} s")

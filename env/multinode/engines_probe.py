@@ -32,8 +32,8 @@ def pause(step: str, c) -> None:
 
 
 def start(c) -> None:
-    """``c.start()``, retried once when an engine's MPI_Init failed (a PMI flake of srun --mpi=pmi2 under
-    load, see tests/test_multinode.py); the retry is printed so that the test shows it."""
+    """``c.start()``, retried once when an engine's MPI_Init failed (a stale MPICH segment of an earlier
+    cluster, see tests/slurm_jobs.py: now avoided, the retry stays as a guard); the retry is printed."""
     try:
         c.start()
     except Exception as e:

@@ -19,7 +19,11 @@
 #   * ProctrackType=proctrack/linuxproc, TaskPlugin=task/none: no cgroups, which a container cannot manage;
 #   * SelectType=select/cons_tres: jobs share the node by CPU, as on a real GPU cluster (--gpus-per-task);
 #   * MpiDefault=none: srun --mpi=pmi2 is chosen per step (mpi4py from the mpich wheel speaks PMI-2);
-#   * ports are picked free on 127.0.0.1, so a second instance or a site daemon does not clash.
+#   * ports are picked free on 127.0.0.1, so a second instance or a site daemon does not clash;
+#   * FirstJobId is random (a block of 1000 ids among 60000): every new cluster would otherwise number its
+#     jobs from 1 again. MPICH names its shared-memory segment after the PMI kvsname ("<job>.<step>"), and a
+#     segment left in /dev/shm by a killed job 1.0 of an earlier cluster made the next cluster's job 1.0
+#     attach to stale data: MPI_Init aborted ("failed to unpack address") or hung, every time.
 set -euo pipefail
 ACTION=${1:-status}
 DIR=${2:-${DDLCOURSE_SLURM_DIR:-/tmp/ddlcourse-slurm-$(id -u)}}
@@ -71,6 +75,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SwitchType=switch/none
 MpiDefault=none
+FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000 * 1000 + 1000 ))
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
