@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -76,3 +77,44 @@ def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) ->
 @pytest.fixture
 def mpi():
     return run_mpi
+
+
+# The exercise checkers on real ranks (tests/test_exercises_nbNN.py): what every such script starts with ...
+_RANKS_PRELUDE = """
+from mpi4py import MPI
+from ddlcourse.selfcheck import run_checker
+RANK = MPI.COMM_WORLD.Get_rank()
+def reject(name, wrong, hint):
+    \"\"\"Every rank rejects ``wrong``, with a message that names the mistake.\"\"\"
+    v = run_checker(name, wrong)
+    assert not v.ok and hint in v.message, (RANK, hint, v.message)
+def reject_somewhere(name, wrong, hint):
+    \"\"\"A mistake may leave some ranks right (the last stage's gradient is right whatever the others do): it
+    must be caught on at least one rank, and named on every rank that catches it.\"\"\"
+    v = run_checker(name, wrong)
+    vs = MPI.COMM_WORLD.allgather((v.ok, v.message))
+    assert not all(ok for ok, _ in vs) and all(ok or hint in msg for ok, msg in vs), (hint, vs)
+"""
+# ... and ends with: one line from rank 0 once every rank got there, then the process group torn down.
+_RANKS_FOOTER = """
+oks = MPI.COMM_WORLD.gather(RANK)
+if RANK == 0:
+    print("checked on ranks", sorted(oks))
+import sys
+if "ddlcourse.dist" in sys.modules:
+    sys.modules["ddlcourse.dist"].shutdown()
+"""
+
+
+def check_on_ranks(n: int, body: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run an exercise check ``body`` on ``n`` ranks; it passes only if every rank ran it to the end.
+
+    ``body`` may use ``run_checker``, ``reject``, ``reject_somewhere``, ``MPI`` and ``RANK``."""
+    p = run_mpi(n, _RANKS_PRELUDE + textwrap.dedent(body) + _RANKS_FOOTER, **kwargs)
+    assert f"checked on ranks {list(range(n))}" in p.stdout, p.stdout
+    return p
+
+
+@pytest.fixture
+def on_ranks():
+    return check_on_ranks
