@@ -421,6 +421,32 @@ def barrier() -> None:
     _comm().Barrier()
 
 
+class PeerFailed(RuntimeError):
+    """Another rank raised inside :func:`together`; its own error is on that rank."""
+
+
+def together(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on this rank, then a collective check that it succeeded on every rank.
+
+    A rank whose ``fn`` raised re-raises its own error; every other rank raises :class:`PeerFailed` naming the
+    ranks that failed. Without the check, one rank's bad input leaves the others waiting forever in the next
+    collective (a notebook cell that never returns). Collective: every rank must call it.
+    """
+    err, out = None, None
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
+        err = e
+    failed = [r for r, bad in enumerate(_comm().allgather(err is not None)) if bad]
+    if err is not None:
+        raise err
+    if failed:
+        name = getattr(fn, "__name__", repr(fn))
+        raise PeerFailed(f"{name} raised on rank(s) {failed} (their error is in their output); "
+                         f"rank {rank()} stops too instead of waiting for them")
+    return out
+
+
 def allreduce_mean(x: float) -> float:
     """Mean of a Python number over all ranks (for metrics, not gradients)."""
     return _comm().allreduce(float(x)) / world_size()

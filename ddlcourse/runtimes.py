@@ -289,10 +289,13 @@ def bandwidths_at(nbytes: int, reps: int = 5, comm=None) -> dict:
 # --------------------------------------------------------------------------- running on the first k ranks
 def on_first_ranks(k: int, fn, *args, **kwargs):
     """On every rank of the world: ``fn(*args, comm=<MPI communicator of the first k ranks>, **kwargs)`` on ranks
-    ``< k``, None on the others (``dist.subgroup`` is collective, so every rank must call this)."""
+    ``< k``, None on the others (``dist.subgroup`` is collective, so every rank must call this). If ``fn``
+    raises on some rank, every rank raises (``dist.together``)."""
     from ddlcourse import dist
 
     comm, _ = dist.subgroup(k)
-    out = fn(*args, comm=comm, **kwargs) if comm is not None else None
-    dist.barrier()
-    return out
+    def on_this_rank():
+        return fn(*args, comm=comm, **kwargs) if comm is not None else None
+
+    on_this_rank.__name__ = getattr(fn, "__name__", "fn")  # for the other ranks' message
+    return dist.together(on_this_rank)

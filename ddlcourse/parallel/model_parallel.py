@@ -230,12 +230,14 @@ def on_first_ranks(k: int, fn, *args, **kwargs):
     """On every engine: ``fn(*args, group=<first k ranks>, **kwargs)`` on ranks ``< k``, None on the others.
 
     Lets a notebook with one N-rank cluster run a scheme on 2, 3, ... N ranks (``dist.subgroup`` is collective,
-    so every rank must call this).
+    so every rank must call this). If ``fn`` raises on some rank, every rank raises (``dist.together``).
     """
     from ddlcourse import dist
 
     dist.init(horovod=False)
     _, group = dist.subgroup(k)
-    out = fn(*args, group=group, **kwargs) if group is not None else None
-    dist.barrier()
-    return out
+    def on_this_rank():
+        return fn(*args, group=group, **kwargs) if group is not None else None
+
+    on_this_rank.__name__ = getattr(fn, "__name__", "fn")  # for the other ranks' message
+    return dist.together(on_this_rank)
