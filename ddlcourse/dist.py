@@ -435,8 +435,9 @@ class PeerFailed(RuntimeError):
     """Another rank raised inside :func:`together`; its own error is on that rank."""
 
 
-def together(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on this rank, then a collective check that it succeeded on every rank.
+def together(fn, args: tuple = (), kwargs: dict | None = None, *, run: bool = True):
+    """``fn(*args, **kwargs)`` on this rank (nothing where ``run`` is False), then a collective check that it
+    succeeded on every rank; returns its result (None where it did not run).
 
     A rank whose ``fn`` raised re-raises its own error; every other rank raises :class:`PeerFailed` naming the
     ranks that failed. Without the check, one rank's bad input leaves the others waiting forever in the next
@@ -444,7 +445,7 @@ def together(fn, *args, **kwargs):
     """
     err, out = None, None
     try:
-        out = fn(*args, **kwargs)
+        out = fn(*args, **(kwargs or {})) if run else None
     except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
         err = e
     failed = [r for r, bad in enumerate(_comm().allgather(err is not None)) if bad]

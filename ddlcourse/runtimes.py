@@ -294,8 +294,4 @@ def on_first_ranks(k: int, fn, *args, **kwargs):
     from ddlcourse import dist
 
     comm, _ = dist.subgroup(k)
-    def on_this_rank():
-        return fn(*args, comm=comm, **kwargs) if comm is not None else None
-
-    on_this_rank.__name__ = getattr(fn, "__name__", "fn")  # for the other ranks' message
-    return dist.together(on_this_rank)
+    return dist.together(fn, args, dict(kwargs, comm=comm), run=comm is not None)

@@ -11,6 +11,7 @@ printed, and a job that hangs after them is cancelled after a grace period inste
 """
 from __future__ import annotations
 
+import getpass
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +29,26 @@ def pmi_flake(text: str) -> bool:
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def retry_launch(slurm: Slurm, what: str, run: Callable[[], subprocess.CompletedProcess]):
+    """``run()`` (an srun or salloc launch), once more when its start-up broke in PMI; the retry is printed.
+
+    A launch that hangs after the PMI signs reaches its timeout; its jobs are then cancelled (``scancel`` of
+    this user's jobs on the test cluster) before the retry."""
+    try:
+        p = run()
+    except subprocess.TimeoutExpired as e:
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        if not pmi_flake(out):
+            raise
+        slurm(["scancel", "--user", getpass.getuser()])
+        p = subprocess.CompletedProcess(e.cmd, -9, out, "")
+    out = p.stdout + p.stderr
+    if p.returncode != 0 and pmi_flake(out):
+        print(f"[slurm] {what}: MPI start-up failed under srun (PMI); retrying once. First attempt:\n{out[-1500:]}")
+        p = run()
+    return p
 
 
 def wait_for_job(slurm: Slurm, job: str, output: Path, timeout: float = 600, pending_timeout: float = 120,

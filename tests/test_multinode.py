@@ -41,7 +41,7 @@ from ddlcourse import checks, cluster, integrity
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "env" / "multinode"))
 from harness import NODES, TwoNodes, children, clean_env  # noqa: E402
-from slurm_jobs import pmi_flake, run_batch_job  # noqa: E402  (tests/, on sys.path under pytest)
+from slurm_jobs import pmi_flake, retry_launch, run_batch_job  # noqa: E402  (tests/, on sys.path under pytest)
 
 HOSTS = [NODES[1][0], NODES[2][0]]
 ADDRESSES = {name: addr for name, addr in NODES.values()}
@@ -151,25 +151,6 @@ def _job_id(text: str) -> str:
     return m.group(1)
 
 
-def _retry_on_pmi_flake(what: str, run, nodes, env):
-    """``run()`` (an srun or salloc launch), once more when its start-up broke in PMI (see slurm_jobs).
-
-    A launch that hangs after the PMI signs reaches its timeout; its job is then cancelled before the retry."""
-    try:
-        p = run()
-    except subprocess.TimeoutExpired as e:
-        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
-        if not pmi_flake(out):
-            raise
-        nodes.run(1, ["scancel", "--user", "root"], env=env, timeout=60)
-        p = subprocess.CompletedProcess(e.cmd, -9, out, "")
-    out = p.stdout + p.stderr
-    if p.returncode != 0 and pmi_flake(out):
-        print(f"[multinode] {what}: MPI start-up failed under srun (PMI); retrying once. First attempt:\n{out[-1500:]}")
-        p = run()
-    return p
-
-
 def _check_ranks(rows: list[dict], out: str) -> None:
     assert [r["rank"] for r in rows] == [0, 1, 2, 3] and all(r["rc"] == 0 for r in rows), rows
     assert "all three agree with the expected sum [10.0, 10.0, 10.0, 10.0]: True" in out, out[-3000:]
@@ -186,9 +167,9 @@ def _check_ranks(rows: list[dict], out: str) -> None:
 @pytest.mark.slow
 def test_check_with_srun_on_two_nodes(nodes, env, srun_mpi):
     t0 = time.perf_counter()
-    p = _retry_on_pmi_flake("srun check", lambda: nodes.run(
+    p = retry_launch(lambda argv: nodes.run(1, argv, env=env, timeout=60), "srun check", lambda: nodes.run(
         1, ["srun", f"--mpi={srun_mpi}", "-N2", "-n4", "--cpu-bind=none", "--time=10", "--kill-on-bad-exit=1",
-            PY, "env/multinode/probe.py"], env=env, timeout=300), nodes, env)
+            PY, "env/multinode/probe.py"], env=env, timeout=300))
     print(f"[multinode] srun -N2 -n4 check: {time.perf_counter() - t0:.1f} s")
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"{out[-4000:]}\n{nodes.logs()}"

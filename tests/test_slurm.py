@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_jobs import pmi_flake, run_batch_job  # tests/, on sys.path under pytest
+from slurm_jobs import retry_launch, run_batch_job  # tests/, on sys.path under pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_DIR = ROOT / "env" / "slurm"
@@ -267,8 +267,10 @@ def _mapped_mpich_segments(marker: str) -> set[Path]:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
             continue
-        found |= {Path(line.split(maxsplit=5)[5]) for line in maps.splitlines()
-                  if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith("/dev/shm/mpich_shm_")}
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/mpich_shm_"):
+                found.add(Path(fields[5]))
     return found
 
 
@@ -285,7 +287,6 @@ def test_a_killed_job_of_an_earlier_cluster_does_not_break_the_next_one(tmp_path
     code = f"from mpi4py import MPI; import time; MPI.COMM_WORLD.Barrier(); print('up', flush=True); time.sleep(300)  # {marker}"
     script = str(SLURM_DIR / "local_slurm.sh")
     stale: set[Path] = set()
-    jobs = {}
     try:
         a = tmp_path / "a"
         assert _bash(script, "start", str(a), timeout=120).returncode == 0
@@ -295,11 +296,11 @@ def test_a_killed_job_of_an_earlier_cluster_does_not_break_the_next_one(tmp_path
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
             try:
                 assert srun.stdout.readline().strip() == "up", "the first job of cluster A did not start"
-                jobs["a"] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                job_a = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
                                            env=env).stdout.split()[0]
                 stale = _mapped_mpich_segments(marker)
                 assert stale, "precondition: the running job maps no /dev/shm/mpich_shm_* segment"
-                subprocess.run(["scancel", "--signal=KILL", "--full", jobs["a"]], env=env, timeout=30)
+                subprocess.run(["scancel", "--signal=KILL", "--full", job_a], env=env, timeout=30)
                 srun.wait(timeout=60)
             finally:
                 if srun.poll() is None:
@@ -319,9 +320,9 @@ def test_a_killed_job_of_an_earlier_cluster_does_not_break_the_next_one(tmp_path
             first_b = re.search(r"FirstJobId=(\d+)", (b / "slurm.conf").read_text()).group(1)
         finally:
             _bash(script, "stop", str(b), timeout=120)
-        print(f"[slurm] cluster A's first job {jobs['a']} killed, leaving {sorted(f.name for f in stale)}; "
+        print(f"[slurm] cluster A's first job {job_a} killed, leaving {sorted(f.name for f in stale)}; "
               f"cluster B's first job {first_b}: rc {p.returncode}")
-        assert first_b != jobs["a"], "the second cluster numbered its jobs as the first one did"
+        assert first_b != job_a, "the second cluster numbered its jobs as the first one did"
         assert p.returncode == 0 and p.stdout.split() == ["sum", "2", "sum", "2"], f"{p.stdout}\n{p.stderr[-2000:]}"
     finally:
         for f in stale:
@@ -333,12 +334,9 @@ def test_engines_through_srun_inside_salloc(slurm, tmp_path):
     env = _slurm_env(slurm, DDLCOURSE_RUNTIME_DIR=str(tmp_path / "rt"))
     cmd = ["salloc", "-n", "2", "--immediate=120", "--time=10", sys.executable, str(SLURM_DIR / "engines.py")]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    if p.returncode != 0 and pmi_flake(p.stdout + p.stderr):
-        # MPICH's init under srun --mpi=pmi2 aborted when a stale segment matched the job id (see
-        # tests/slurm_jobs.py; avoided now by local_slurm.sh's random FirstJobId). One retry, reported.
-        print(f"[slurm] MPI_Init failed under srun; retrying once. First attempt:\n{p.stderr[-1500:]}")
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    p = retry_launch(lambda argv: subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60),
+                     "salloc + MPICluster via srun",
+                     lambda: subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300))
     print(f"[slurm] salloc + MPICluster via srun: {time.perf_counter() - t0:.1f} s")
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert "2 engine(s) on 1 host(s) via srun" in p.stdout

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_jobs import pmi_flake, run_batch_job, wait_for_job
+from slurm_jobs import pmi_flake, retry_launch, run_batch_job, wait_for_job
 
 BROKEN = ("slurmstepd-ddlnode2: error: mpi/pmi2: value not properly terminated in client request\n"
           "slurmstepd-ddlnode2: error: mpi/pmi2: invalid client request\n")
@@ -27,6 +27,10 @@ class FakeSlurm:
             Path(argv[argv.index("-o") + 1].replace("%j", job)).write_text(text)
             self.jobs[job] = {"final": final, "running": hangs}
             return ok(f"{job};cluster\n")
+        if argv[:2] == ["scancel", "--user"]:  # every job of the user
+            for j in self.jobs.values():
+                j.update(running=False, final="CANCELLED")
+            return ok()
         job = argv[-1] if argv[0] == "scancel" else argv[argv.index("-j") + 1] if "-j" in argv else argv[-1]
         if argv[0] == "squeue":
             return ok("RUNNING\n" if self.jobs[job]["running"] else "")
@@ -70,3 +74,29 @@ def test_a_job_hanging_without_pmi_signs_fails_with_its_output(tmp_path):
     with pytest.raises(AssertionError, match=r"(?s)job 1 still RUNNING.*epoch 1"):
         wait_for_job(fake, "1", tmp_path / "job-1.out", timeout=0.3, flake_grace=0.1)
     assert ["scancel", "1"] in fake.calls
+
+
+def test_a_launch_that_hangs_after_broken_pmi_is_cancelled_and_retried(tmp_path, capsys):
+    fake = FakeSlurm(tmp_path, [])
+    calls = []
+
+    def launch():
+        calls.append(1)
+        if len(calls) == 1:
+            raise subprocess.TimeoutExpired(["srun"], 300, output=BROKEN.encode(), stderr=None)
+        return subprocess.CompletedProcess(["srun"], 0, "ok\n", "")
+
+    p = retry_launch(fake, "srun check", launch)
+    assert p.returncode == 0 and len(calls) == 2 and fake.calls[0][:2] == ["scancel", "--user"]
+    assert "retrying once" in capsys.readouterr().out
+
+
+def test_a_launch_that_hangs_for_another_reason_is_not_retried(tmp_path):
+    fake = FakeSlurm(tmp_path, [])
+
+    def launch():
+        raise subprocess.TimeoutExpired(["srun"], 300, output=b"epoch 1\n", stderr=None)
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        retry_launch(fake, "srun check", launch)
+    assert not fake.calls

@@ -236,8 +236,4 @@ def on_first_ranks(k: int, fn, *args, **kwargs):
 
     dist.init(horovod=False)
     _, group = dist.subgroup(k)
-    def on_this_rank():
-        return fn(*args, group=group, **kwargs) if group is not None else None
-
-    on_this_rank.__name__ = getattr(fn, "__name__", "fn")  # for the other ranks' message
-    return dist.together(on_this_rank)
+    return dist.together(fn, args, dict(kwargs, group=group), run=group is not None)
