@@ -16,7 +16,14 @@ the learner's function, compares with the package's reference and names the typi
 """
 from __future__ import annotations
 
+import ast
+import inspect
+import io
+import json
 import math
+import re
+import textwrap
+import tokenize
 from typing import Callable
 
 import numpy as np
@@ -93,23 +100,107 @@ def order_verdict(got: list, ref: list, where: str, mistakes, count_hint: str) -
     return Verdict(False, f"{where}: expected {' '.join(ref)}, got {' '.join(got)}")
 
 
-# name -> (checker(fn, **kwargs) -> Verdict, distributed?)
-CODE_EXERCISES: dict[str, tuple[Callable, bool]] = {}
+class CodeExercise:
+    """A registered coding exercise: its checker, where it runs, and (for "build it" exercises) the reference
+    solution a learner would write and the typical mistakes its checker must name."""
+
+    __slots__ = ("name", "checker", "distributed", "solution", "mistakes", "ranks")
+
+    def __init__(self, name, checker, distributed, solution, mistakes, ranks):
+        self.name, self.checker, self.distributed = name, checker, distributed
+        self.solution, self.mistakes, self.ranks = solution, tuple(mistakes), tuple(ranks)
 
 
-def code_exercise(name: str, distributed: bool = False):
+CODE_EXERCISES: dict[str, CodeExercise] = {}
+
+
+def code_exercise(name: str, distributed: bool = False, solution: Callable | None = None,
+                  mistakes=(), ranks=(2, 3)):
     """Register ``checker(fn, **kwargs) -> Verdict`` for the coding exercise ``name``.
 
     The checker calls the learner's function on its own inputs, compares with the package's reference,
     and when they differ names the typical mistake it recognises (see :func:`diagnose`).
-    ``distributed=True``: the checker runs on every rank of a cluster (it may use MPI or torch.distributed).
+    ``distributed=True``: the checker runs on every rank of a cluster (it may use MPI or torch.distributed);
+    ``ranks``: the world sizes its test runs it on.
+    ``solution``: the reference a learner would write, with the template's signature (:func:`solution` shows it).
+    ``mistakes``: pairs ``(wrong_fn, hint_fragment)``, functions with one typical mistake each, which the
+    checker must reject with a message containing ``hint_fragment`` (the tests run every one of them).
     """
     def deco(checker):
-        if name in CODE_EXERCISES and CODE_EXERCISES[name][0].__module__ != checker.__module__:
+        if name in CODE_EXERCISES and CODE_EXERCISES[name].checker.__module__ != checker.__module__:
             raise ValueError(f"code exercise {name!r} is defined twice")
-        CODE_EXERCISES[name] = (checker, distributed)
+        CODE_EXERCISES[name] = CodeExercise(name, checker, distributed, solution, mistakes, ranks)
         return checker
     return deco
+
+
+def _code_exercise(name: str) -> CodeExercise:
+    _load_all()
+    if name not in CODE_EXERCISES:
+        raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
+    return CODE_EXERCISES[name]
+
+
+def solution(name: str) -> str:
+    """Print the reference solution of coding exercise ``name`` (for a learner who is stuck) and return it."""
+    ex = _code_exercise(name)
+    if ex.solution is None:
+        raise KeyError(f"coding exercise {name!r} has no registered solution")
+    src = textwrap.dedent(inspect.getsource(ex.solution))
+    print(src)
+    return src
+
+
+def logical_lines(fn) -> int:
+    """Logical lines of code in the body of function or class ``fn``: no blank lines, comments, docstrings,
+    decorators or the ``def``/``class`` line itself."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(src)
+    doc_lines = {node.body[0].lineno for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                 and node.body and isinstance(node.body[0], ast.Expr)
+                 and isinstance(getattr(node.body[0], "value", None), ast.Constant)
+                 and isinstance(node.body[0].value.value, str)}
+    top = tree.body[0]
+    skip = doc_lines | {top.lineno} | {d.lineno for d in getattr(top, "decorator_list", [])}
+    return len(_logical_line_starts(src) - skip)
+
+
+def _logical_line_starts(src: str) -> set[int]:
+    """The line on which each logical line of ``src`` starts."""
+    starts, begin = set(), True
+    for t in tokenize.generate_tokens(io.StringIO(src).readline):
+        if t.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+            continue
+        if t.type == tokenize.NEWLINE:
+            begin = True
+        elif begin:
+            starts.add(t.start[0])
+            begin = False
+    return starts
+
+
+_CHECK_CODE_CALL = re.compile(r"""(?:check_code|use_checked)\(\s*["']([A-Za-z0-9_]+)["']""")
+
+
+def exercises(path: str) -> list[tuple[str, int]]:
+    """The coding exercises of a notebook or lab (``path`` to its .ipynb), in order, as ``(name, lines)``:
+    ``lines`` is the number of logical lines of the reference solution (0 where none is registered)."""
+    with open(path, encoding="utf-8") as f:
+        nb = json.load(f)
+    names = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for name in _CHECK_CODE_CALL.findall(src):
+            if name not in names:
+                names.append(name)
+    out = []
+    for name in names:
+        ex = _code_exercise(name)
+        out.append((name, logical_lines(ex.solution) if ex.solution is not None else 0))
+    return out
 
 
 def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5, atol: float = 1e-7,
@@ -141,10 +232,7 @@ def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5
 
 def run_checker(name: str, fn, **kwargs) -> Verdict:
     """Run the checker of ``name`` on ``fn`` here (on one rank); an exception in ``fn`` is a verdict too."""
-    _load_all()
-    if name not in CODE_EXERCISES:
-        raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
-    checker, _ = CODE_EXERCISES[name]
+    checker = _code_exercise(name).checker
     try:
         return checker(fn, **kwargs)
     except NotImplementedError:
@@ -159,10 +247,7 @@ def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) ->
     A distributed exercise needs ``cluster`` (an ``MPICluster``): the checker runs on every rank and the
     exercise is right only if it is right on every rank.
     """
-    _load_all()
-    if name not in CODE_EXERCISES:
-        raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
-    _, distributed = CODE_EXERCISES[name]
+    distributed = _code_exercise(name).distributed
     if distributed:
         if cluster is None:
             raise ValueError(f"exercise {name!r} runs on the ranks: pass cluster=c")
@@ -184,3 +269,14 @@ def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) ->
     where = f" (rank {r}{' and others' if len(bad) > 1 else ''})" if distributed else ""
     print(f"[{name}] not yet{where}: {v.message}")
     return False
+
+
+def use_checked(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs):
+    """For a lab that runs on the learner's code: check ``fn`` as :func:`check_code` does and return it when it
+    is right; else return the package's reference solution and say so, so the lab still runs top to bottom."""
+    if check_code(name, fn, cluster=cluster, timeout=timeout, **kwargs):
+        print(f"[{name}] the lab runs on your {getattr(fn, '__name__', 'code')}")
+        return fn
+    print(f"[{name}] the lab runs on the package's reference until yours passes "
+          f"(selfcheck.solution({name!r}) shows it)")
+    return _code_exercise(name).solution

@@ -1,0 +1,272 @@
+"""The "build it" exercises: in every chapter and lab the learner writes the mechanism, and a checker runs it.
+
+For every coding exercise registered with a reference solution (``selfcheck.code_exercise(solution=...)``):
+* on real ranks (each world size in its ``ranks``), the checker accepts the solution, rejects each registered
+  mistake with a message that names it, and says "not written yet" for the notebook's own template;
+* the template in the notebook has the solution's signature;
+* no notebook shows three consecutive lines of the solution of one of its own exercises.
+And every concept notebook after 02, and every lab, has an exercise whose solution has 10 or more logical lines.
+
+``DDLCOURSE_EXERCISES=name,name`` limits the checks on ranks to those exercises (to iterate on one).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddlcourse import selfcheck as sc
+
+from conftest import ROOT, run_mpi
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
+WARM_UPS = {"00_setup_check", "01_sgd", "02_batch_size"}     # the notebooks before the first mechanism
+MIN_LINES, MIN_EXERCISES = 10, 30
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _src(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _build_it() -> dict[str, sc.CodeExercise]:
+    sc._load_all()
+    return {n: ex for n, ex in sc.CODE_EXERCISES.items() if ex.solution is not None and not n.startswith("_")}
+
+
+def _where() -> dict[str, Path]:
+    """exercise name -> the notebook that asks for it."""
+    out = {}
+    for nb in NOTEBOOKS:
+        for name, _ in sc.exercises(str(nb)):
+            out.setdefault(name, nb)
+    return out
+
+
+_CALL = re.compile(r"""(?:check_code|use_checked)\(\s*["']([A-Za-z0-9_]+)["']\s*,\s*([A-Za-z_][A-Za-z0-9_]*)""")
+
+
+def template_of(name: str, nb: Path) -> tuple[str, str]:
+    """(the name of the learner's function or class, a script defining it with the notebook's imports)."""
+    cells = [_src(c) for c in _cells(nb) if c["cell_type"] == "code"]
+    learner, at = None, None
+    for i, src in enumerate(cells):
+        m = next((m for m in _CALL.finditer(src) if m.group(1) == name), None)
+        if m:
+            learner, at = m.group(2), i
+            break
+    assert learner, f"{nb.name}: no check_code/use_checked call of {name!r} with the learner's function"
+    imports, definition = [], None
+    for src in cells[:at + 1]:
+        try:
+            tree = ast.parse(re.sub(r"^\s*[%!].*$", "", src, flags=re.M))   # magics are not Python
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imports.append(ast.get_source_segment(src, node))
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == learner:
+                definition = ast.get_source_segment(src, node)
+    assert definition, f"{nb.name}: {learner} (the template of {name!r}) is not defined in a code cell"
+    return learner, "\n".join(imports + [definition])
+
+
+def _params(obj) -> list[str]:
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    return [p for p in inspect.signature(target).parameters if p != "self"]
+
+
+# ----------------------------------------------------------------------------- what every notebook has
+def test_every_chapter_and_lab_has_a_build_it_exercise():
+    found = {nb.stem: sc.exercises(str(nb)) for nb in NOTEBOOKS}
+    missing = [stem for stem, exs in found.items()
+               if stem not in WARM_UPS and not any(lines >= MIN_LINES for _, lines in exs)]
+    assert not missing, f"no coding exercise of {MIN_LINES}+ lines of reference: {missing}"
+    total = sum(lines >= MIN_LINES for exs in found.values() for _, lines in exs)
+    assert total >= MIN_EXERCISES, f"{total} build-it exercises, want {MIN_EXERCISES}"
+
+
+def _normal(line: str) -> str:
+    line = re.sub(r"\s+#\s.*$", "", line.strip())            # a trailing comment
+    return re.sub(r"\s+", " ", line)
+
+
+def _solution_lines(fn) -> list[str]:
+    src = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(src)
+    drop = {tree.body[0].lineno}
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            drop |= set(range(body[0].lineno, body[0].end_lineno + 1))
+    return [_normal(l) for i, l in enumerate(src.splitlines(), 1)
+            if i not in drop and _normal(l) and not l.strip().startswith("#")]
+
+
+def shown_solution(nb: Path, solution_lines: list[str], k: int = 3) -> str | None:
+    """The first run of ``k`` consecutive solution lines that the notebook shows, or None."""
+    runs = {tuple(solution_lines[i:i + k]) for i in range(len(solution_lines) - k + 1)}
+    for cell in _cells(nb):
+        lines = [_normal(l) for l in _src(cell).splitlines()]
+        lines = [l for l in lines if l and not l.startswith("#") or cell["cell_type"] == "markdown" and l]
+        for i in range(len(lines) - k + 1):
+            if tuple(lines[i:i + k]) in runs:
+                return "\n".join(lines[i:i + k])
+    return None
+
+
+def test_no_notebook_shows_the_solution_of_its_own_exercise():
+    where = _where()
+    shown = {}
+    for name, ex in _build_it().items():
+        if name in where:
+            run = shown_solution(where[name], _solution_lines(ex.solution))
+            if run:
+                shown[f"{where[name].name}:{name}"] = run
+    assert not shown, f"notebooks that show 3+ consecutive lines of their own solution: {shown}"
+
+
+def test_shown_solution_finds_a_pasted_solution(tmp_path):
+    fn = sc.CODE_EXERCISES["ring_allreduce"].solution if "ring_allreduce" in _build_it() else _solution_lines
+    nb = tmp_path / "x.ipynb"
+    body = textwrap.dedent(inspect.getsource(fn))
+    nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": "```python\n" + body + "```"}]}))
+    assert shown_solution(nb, _solution_lines(fn))
+
+
+def test_templates_have_the_solutions_signature():
+    where = _where()
+    for name, ex in _build_it().items():
+        if name not in where:
+            continue
+        learner, script = template_of(name, where[name])
+        ns: dict = {}
+        exec(compile(script, f"<template of {name}>", "exec"), ns)
+        assert _params(ns[learner]) == _params(ex.solution), (name, _params(ns[learner]), _params(ex.solution))
+
+
+def test_every_build_it_exercise_is_asked_for_and_names_three_mistakes():
+    where = _where()
+    for name, ex in _build_it().items():
+        assert name in where, f"{name}: registered with a solution but no notebook or lab asks for it"
+        assert len(ex.mistakes) >= 3, f"{name}: {len(ex.mistakes)} typical mistakes registered, want 3 or more"
+
+
+# ----------------------------------------------------------------------------- the checkers, on real ranks
+_ON_RANKS = """
+import sys
+from mpi4py import MPI
+from ddlcourse import selfcheck as sc
+comm = MPI.COMM_WORLD
+RANK = comm.Get_rank()
+failures = []
+for name, learner, script in CASES:
+    ex = sc._code_exercise(name)
+    if RANK == 0:
+        print("checking", name, flush=True)
+    v = sc.run_checker(name, ex.solution)
+    if not v.ok:
+        failures.append(f"{name}: the reference is rejected: {v.message}")
+    for wrong, hint in ex.mistakes:
+        v = sc.run_checker(name, wrong)
+        if v.ok or hint not in v.message:
+            failures.append(f"{name}: mistake {getattr(wrong, '__name__', wrong)!r} gives {v!r}, want {hint!r}")
+    ns = {}
+    exec(compile(script, "<template>", "exec"), ns)
+    v = sc.run_checker(name, ns[learner])
+    if v.ok or not v.message.startswith("not written yet"):
+        failures.append(f"{name}: the notebook's template gives {v!r}, want 'not written yet'")
+    comm.Barrier()
+every = comm.gather(failures)
+if RANK == 0:
+    bad = sorted({f for fs in every for f in fs})
+    print("FAILURES" if bad else "ALL OK", *bad, sep="\\n")
+if "ddlcourse.dist" in sys.modules:
+    sys.modules["ddlcourse.dist"].shutdown()
+"""
+
+
+def _cases(distributed: bool, n: int | None) -> list[tuple[str, str, str]]:
+    only = {s for s in os.environ.get("DDLCOURSE_EXERCISES", "").split(",") if s}
+    where = _where()
+    cases = []
+    for name, ex in sorted(_build_it().items()):
+        if name not in where or (only and name not in only) or ex.distributed != distributed:
+            continue
+        if distributed and n not in ex.ranks:
+            continue
+        cases.append((name, *template_of(name, where[name])))
+    return cases
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_distributed_checkers_on_ranks(n):
+    cases = _cases(True, n)
+    if not cases:
+        pytest.skip(f"no build-it exercise runs on {n} ranks")
+    p = run_mpi(n, f"CASES = {cases!r}\n" + _ON_RANKS, timeout=600)
+    assert "ALL OK" in p.stdout, p.stdout[-6000:]
+
+
+def test_serial_checkers():
+    cases = _cases(False, None)
+    if not cases:
+        pytest.skip("no serial build-it exercise")
+    p = run_mpi(1, f"CASES = {cases!r}\n" + _ON_RANKS, timeout=600)
+    assert "ALL OK" in p.stdout, p.stdout[-6000:]
+
+
+def test_solution_and_exercises_api(capsys):
+    where = _where()
+    name = next(iter(_build_it()))
+    src = sc.solution(name)
+    assert src.lstrip().startswith(("def ", "class ")) and src.strip() in capsys.readouterr().out
+    listed = dict(sc.exercises(str(where[name])))
+    assert listed[name] == sc.logical_lines(sc.CODE_EXERCISES[name].solution) >= 1
+    with pytest.raises(KeyError, match="no coding exercise"):
+        sc.solution("nope")
+
+
+def test_logical_lines_counts_code_only():
+    def f(a, b):
+        """Docstring,
+        two lines."""
+        # a comment
+
+        x = (a +
+             b)
+        for i in range(3):
+            x += i   # trailing
+        return x
+    assert sc.logical_lines(f) == 4
+
+
+def test_every_coding_exercise_has_a_solution_to_show():
+    sc._load_all()
+    missing = [n for n, ex in sc.CODE_EXERCISES.items() if ex.solution is None and not n.startswith("_")]
+    assert not missing, f"coding exercises without a registered solution: {missing}"
+
+
+def test_a_hang_on_the_ranks_ends_with_advice(capsys):
+    class Hung:                                  # what ipyparallel gives when the ranks never answer
+        def get(self, timeout):
+            raise TimeoutError
+    class View:
+        def apply_async(self, *a, **k):
+            return Hung()
+    class Cluster:
+        view = View()
+    sc.code_exercise("_test_hangs", distributed=True)(lambda fn: sc.Verdict(True))
+    assert not sc.check_code("_test_hangs", len, cluster=Cluster(), timeout=1)
+    out = capsys.readouterr().out
+    assert "no answer from the ranks after 1 s" in out and "Restart the cluster" in out
