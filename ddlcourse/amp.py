@@ -309,15 +309,16 @@ def compress_hook(dtype):
 
     What ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook`` does for fp16:
     divide by the world size, cast, all-reduce, cast back into the fp32 bucket. The dtypes sent are kept in
-    ``hook.sent``.
+    ``hook.sent``. Register it with DDP's process group as the state (``ddp.register_comm_hook(group, hook)``):
+    the bucket is reduced over that group, not the whole world.
     """
     import torch.distributed as tdist
 
-    def hook(state, bucket):
+    def hook(group, bucket):
         buf = bucket.buffer()
-        wire = (buf / tdist.get_world_size()).to(dtype)
+        wire = (buf / tdist.get_world_size(group)).to(dtype)
         hook.sent.append(str(wire.dtype).replace("torch.", ""))
-        fut = tdist.all_reduce(wire, async_op=True).get_future()
+        fut = tdist.all_reduce(wire, group=group, async_op=True).get_future()
 
         def back(f):
             buf.copy_(f.value()[0])
@@ -362,7 +363,7 @@ def dp_mixed_precision(steps: int = 3, global_batch: int = 4096, dim: int = 16, 
         model = make_model(dim, hidden, out_scale=target_scale / 0.3, seed=1, device=device)
         ddp = DDP(model, process_group=group)
         hook = compress_hook(wire)
-        ddp.register_comm_hook(None, hook)
+        ddp.register_comm_hook(group, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=lr)
         scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=scaled)
         losses, grad = [], None

@@ -28,7 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
-WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "Horovod")
+WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "Horovod")    # on CPU ranks; Horovod reduces through MPI
+# On GPUs DDP's buckets go through NCCL (the MPI hook declines CUDA buckets), and so do Horovod's when it was built
+# with HOROVOD_GPU_OPERATIONS=NCCL (env/build_horovod_gpu.sh): the GPU table names what it measured.
+GPU_WAYS = ("1 rank", "DDP (NCCL)", "Horovod")
+
+
+def ways_for(device) -> tuple[str, ...]:
+    return GPU_WAYS if getattr(device, "type", "cpu") == "cuda" else WAYS
 
 
 def _quiet_barrier(comm) -> None:
@@ -64,13 +71,14 @@ def make_ways(model: str, batch: int, device):
     from ddlcourse.parallel.mpi_hook import register_mpi_hook
 
     ways = {}
-    for way in WAYS:
+    for way in ways_for(device):
         net, g, shape = build(model, device)
         x = torch.randn(batch, *shape, generator=g).to(device)
         t = torch.randint(0, 10, (batch,), generator=g).to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         if way.startswith("DDP"):
-            net = nn.parallel.DistributedDataParallel(net)
+            net = nn.parallel.DistributedDataParallel(
+                net, device_ids=[device.index] if device.type == "cuda" else None)
             if way == "DDP (MPI hook)" and not register_mpi_hook(net, force=True):
                 raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
         elif way == "Horovod":
@@ -116,7 +124,17 @@ def time_ways(model: str = "mlp", batch: int = 64, steps: int = 10, reps: int = 
             per_rep[way].append(comm.allreduce(dt, op=MPI.MAX))
     n_params = sum(p.numel() for p in build(model, info.device)[0].parameters())
     return {"seconds": {w: statistics.median(v) for w, v in per_rep.items()}, "per_rep": per_rep,
-            "world_size": info.world_size, "batch": batch, "n_params": n_params, "model": model}
+            "world_size": info.world_size, "batch": batch, "n_params": n_params, "model": model,
+            "device": str(info.device), "horovod_comm": _horovod_comm(info.device)}
+
+
+def _horovod_comm(device) -> str:
+    """What Horovod's allreduce of this device's tensors goes through."""
+    import horovod.torch as hvd
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return "NCCL" if hvd.nccl_built() else "MPI (staged through the host: Horovod was built without NCCL)"
+    return "MPI" if hvd.mpi_enabled() else "gloo"
 
 
 def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
@@ -147,10 +165,11 @@ def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
 
 def report(res: dict, bw: dict, lat: dict, ring_mib: float = 16.0) -> str:
     s, n, b = res["seconds"], res["world_size"], res["batch"]
-    lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks, "
-             f"median of {len(res['per_rep']['1 rank'])} interleaved repetitions",
+    lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks "
+             f"on {res.get('device', 'cpu')}, median of {len(res['per_rep']['1 rank'])} interleaved repetitions; "
+             f"Horovod reduces through {res.get('horovod_comm', 'MPI')}",
              f"{'way':<16} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11}"]
-    for w in WAYS:
+    for w in s:
         ranks = 1 if w == "1 rank" else n
         eff = "" if w == "1 rank" else f"{s['1 rank'] / s[w]:.2f}"
         rel = "" if w == "1 rank" else f"{s[w] / s['Horovod']:.3f}x"

@@ -160,17 +160,54 @@ def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
         # --cpus-per-task spreads the threads; the PMI plugin must match the MPI mpi4py was built with.
         # --kill-on-bad-exit: one dead engine breaks the MPI world, so end the whole step at once (on every
         # node) rather than leave the others waiting in a collective.
-        args = ["--cpu-bind=none", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1",
+        # --overlap: the engines' step shares its nodes' CPUs and GPUs with later steps of the allocation (a
+        # second cluster, a Horovod timeline job); without it those steps wait until the engines stop.
+        args = ["--overlap", "--cpu-bind=none", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1",
                 f"--export=ALL,OMP_NUM_THREADS={threads},DDLCOURSE_THREADS={threads}"]
+        if allocation_has_gpus():
+            args.append("--gpu-bind=none")        # every rank sees its node's GPUs; dist maps local rank -> GPU
         plugin = _srun_mpi()
         if plugin:
             args.append(f"--mpi={plugin}")
         return "srun", [srun], args
     if launcher == "mpiexec":
         exe = mpiexec or find_mpiexec()
-        args = ["-bind-to", "none", "-genv", "OMP_NUM_THREADS", threads, "-genv", "DDLCOURSE_THREADS", threads]
+        env = {"OMP_NUM_THREADS": threads, "DDLCOURSE_THREADS": threads}
+        if mpiexec_flavor(exe) == "openmpi":
+            args = ["--bind-to", "none"] + [a for k, v in env.items() for a in ("-x", f"{k}={v}")]
+        else:                                     # MPICH's Hydra (the venv's), Intel MPI, MVAPICH2
+            args = ["-bind-to", "none"] + [a for k, v in env.items() for a in ("-genv", k, v)]
         return "mpiexec", [exe], args
     raise ClusterError(f"unknown launcher {launcher!r}; use 'auto', 'mpiexec' or 'srun'")
+
+
+def allocation_has_gpus() -> bool:
+    """Whether this Slurm allocation holds GPUs (Slurm sets these variables when it gives GRES)."""
+    return any(os.environ.get(v, "").strip() not in ("", "0")
+               for v in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_NODE"))
+
+
+_FLAVORS: dict[str, str] = {}
+
+
+def mpiexec_flavor(exe: str) -> str:
+    """``"openmpi"``, ``"mpich"`` (Hydra: MPICH, Intel MPI, MVAPICH2) or ``"unknown"``: their flags differ.
+
+    From the name the launcher links to (``mpiexec.hydra``, ``orterun``/``prterun``), else ``--version``."""
+    if exe not in _FLAVORS:
+        real = os.path.basename(os.path.realpath(exe))
+        if real in ("orterun", "prterun", "prte", "mpirun.openmpi"):
+            _FLAVORS[exe] = "openmpi"
+        elif "hydra" in real or real == "mpiexec.mpich":
+            _FLAVORS[exe] = "mpich"
+        else:
+            try:
+                out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            _FLAVORS[exe] = ("openmpi" if any(w in out for w in ("Open MPI", "OpenRTE", "PRRTE")) else
+                             "mpich" if any(w in out for w in ("HYDRA", "MPICH", "Intel(R) MPI")) else "unknown")
+    return _FLAVORS[exe]
 
 
 _SRUN_MPI: dict = {}

@@ -158,12 +158,18 @@ def pick_device(local: int | None = None):
     if torch.cuda.is_available():
         local = local_rank() if local is None else local
         count = torch.cuda.device_count()
-        if local >= count and os.environ.get("DDLCOURSE_SHARE_GPUS") != "1":
+        if count == 1:
+            # One visible GPU: the launcher bound a GPU to this rank (srun --gpus-per-task=1, a site that binds
+            # GPUs per task) or the node has one. Either way it is cuda:0; init() checks that no two ranks of a
+            # node got the same one (by UUID), which catches the second case.
+            idx = 0
+        elif local >= count and os.environ.get("DDLCOURSE_SHARE_GPUS") != "1":
             raise LaunchError(
                 f"local rank {local} on {socket.gethostname()} has no GPU of its own: this node shows {count} "
                 f"GPU(s) and at least {local + 1} ranks. Start at most {count} ranks per node (e.g. "
                 f"--ntasks-per-node={count}), or set DDLCOURSE_SHARE_GPUS=1 to let ranks share GPUs on purpose.")
-        idx = local % count
+        else:
+            idx = local % count
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
     why = _gpus_requested()
@@ -175,6 +181,31 @@ def pick_device(local: int | None = None):
             f"the job asked for GPUs ({why}) but CUDA is not usable here: {build}. Use the GPU environment "
             "(environment.yml, env/GPU_CLUSTER.md), or set DDLCOURSE_ALLOW_CPU=1 to run on the CPU on purpose.")
     return torch.device("cpu")
+
+
+def _gpu_uuid(device) -> str | None:
+    """The UUID of this rank's GPU (None on the CPU): the same GPU has one UUID whatever index a rank sees."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def shared_gpu(seen: list[tuple[str, str | None]], me: int) -> str | None:
+    """Why rank ``me`` shares its GPU with another rank of its node, or None.
+
+    ``seen[r]`` is rank r's ``(host, GPU UUID)``. Ranks that share a GPU run at a fraction of its speed and
+    memory; ``DDLCOURSE_SHARE_GPUS=1`` allows it on purpose."""
+    host, uuid = seen[me]
+    if uuid is None or os.environ.get("DDLCOURSE_SHARE_GPUS") == "1":
+        return None
+    same = [r for r, (h, u) in enumerate(seen) if h == host and u == uuid]
+    if len(same) < 2:
+        return None
+    return (f"ranks {same} on {host} all use GPU {uuid}: the launcher gave them the same GPU. Bind one GPU per "
+            "task (srun --gpus-per-task=1) or show each rank all of the node's GPUs (srun --gpu-bind=none), "
+            "start at most one rank per GPU, or set DDLCOURSE_SHARE_GPUS=1 to share GPUs on purpose.")
 
 
 def set_threads(n: int | None = None) -> int:
@@ -352,6 +383,7 @@ def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0, 
     except LaunchError as e:
         problem = str(e)
     _agree_or_raise(comm, problem)
+    _agree_or_raise(comm, shared_gpu(comm.allgather((socket.gethostname(), _gpu_uuid(device))), r))
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     _agree_or_raise(comm, "backend 'nccl' needs a CUDA device on every rank; use 'gloo'"

@@ -253,11 +253,24 @@ def _kill_group(pgid: int, grace: float = 5.0) -> None:
             time.sleep(0.1)
 
 
+def workers_here(nproc: int) -> int:
+    """The workers torchrun may start on this node: ``nproc``, but on a GPU node at most one per GPU (torchrun
+    runs on the notebook's node only; a worker without a GPU of its own would fail to start)."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and nproc > gpus:
+        print(f"torchrun: {nproc} workers asked for, {gpus} GPU(s) on this node: starting {gpus}")
+        return gpus
+    return nproc
+
+
 def run_torchrun(ckpt_dir, nproc: int = 2, max_restarts: int = 3, timeout: float = 300.0, **train_args) -> dict:
     """Run :func:`main` under torchrun in its own process group; always leaves no process behind.
 
     Returns ``{"returncode", "seconds", "output" (last 3000 characters), "log" (the parsed log.jsonl)}``.
     """
+    nproc = workers_here(nproc)
     cmd = torchrun_command(ckpt_dir, nproc, max_restarts, **train_args)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
@@ -313,7 +326,8 @@ def main(argv=None) -> None:
     # torchrun, not MPI, started this process: rank, world size and the store come from its environment
     store, rank, world = generation_store(timeout)
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # one visible GPU (bound per task) is cuda:0; else the local rank's
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         tdist.init_process_group("cpu:gloo,cuda:nccl", store=store, rank=rank, world_size=world,
                                  device_id=device, timeout=timeout)

@@ -76,7 +76,18 @@ def train_step(model: nn.Module, opt, x, t, delay_s: float = 0.0) -> torch.Tenso
     return loss
 
 
-def _kind(name: str) -> str | None:
+def _kind(name: str, on_device: bool = False) -> str | None:
+    """The kind of a profiler event, or None to leave it out.
+
+    Host-side events (``on_device=False``) give the phases, the ``sync`` barrier and, on CPU ranks, the
+    collectives and the backward's compute. On a GPU those host-side events only time the *launch* of the
+    work; what ran when is in the device-side kernels (``on_device=True``): NCCL's kernels are the allreduce,
+    every other kernel is compute. The profiler also copies each ``record_function`` range onto the device
+    timeline; those copies are left out (counted twice, they doubled every step and phase)."""
+    if on_device:
+        if name in PHASES or name == SYNC or name in COMM_NAMES:
+            return None                                  # the GPU-side copy of a host range
+        return "allreduce" if "nccl" in name.lower() else "compute"
     if name in PHASES or name == SYNC:
         return name
     if name in COMM_NAMES:
@@ -86,11 +97,21 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def _step_events(prof_events, n_steps: int) -> list[list[tuple]]:
-    """Split the profiler's events into steps: each starts at the end of its ``sync`` barrier (time 0)."""
+def _on_device(event) -> bool:
+    return getattr(getattr(event, "device_type", None), "name", "CPU") != "CPU"
+
+
+def _step_events(prof_events, n_steps: int, device_timeline: bool = False) -> list[list[tuple]]:
+    """Split the profiler's events into steps: each starts at the end of its ``sync`` barrier (time 0).
+
+    ``device_timeline`` (a GPU run): allreduce and compute come from the device-side kernels, the phases and
+    the barrier from the host; on CPU ranks everything is host-side."""
     evs = []
     for e in prof_events:
-        kind = _kind(e.name)
+        on_device = _on_device(e)
+        kind = _kind(e.name, on_device)
+        if kind is not None and kind in ("allreduce", "compute") and on_device != device_timeline:
+            kind = None                                  # on a GPU the host-side collective is only its launch
         if kind is not None:
             evs.append((e.name, kind, e.time_range.start * 1e-6, e.time_range.end * 1e-6))   # us -> s
     syncs = sorted(stop for _, k, _, stop in evs if k == SYNC)
@@ -117,8 +138,8 @@ def profile_step(dim: int, hidden: int, depth: int, batch: int, steps: int = 3, 
 
     ``ddp=False`` trains the bare model: the serial step, no gradient exchange. ``delay_rank``/``delay_s``
     make one rank slow. ``trace_dir``: each rank writes its Chrome trace there as ``rank<r>.json``.
-    ``group``: the ranks of this run (None: every rank). On a GPU the CUDA kernels are recorded too (in the
-    trace file); the returned intervals are the CPU-side events, i.e. when work was launched.
+    ``group``: the ranks of this run (None: every rank). On a GPU the phases are host-side ranges and the
+    allreduce and compute intervals are the device's kernels (when they ran, not when they were launched).
     Returns ``{rank, world_size, steps: [events of each step], phases: {phase: median seconds per step},
     exposed: median exposed communication, trace}``.
     """
@@ -146,7 +167,7 @@ def profile_step(dim: int, hidden: int, depth: int, batch: int, steps: int = 3, 
             train_step(model, opt, x, t, delay_s=delay)
             synchronize(device)                      # the step's GPU work belongs to this step
     # the first recorded step carries the profiler's own start-up cost (and DDP's first-step set-up): dropped
-    per_step = _step_events(prof.events(), steps + 1)[1:]
+    per_step = _step_events(prof.events(), steps + 1, device_timeline=device.type == "cuda")[1:]
     trace = None
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
@@ -281,18 +302,21 @@ def horovod_timeline_job(path: str, dim: int, hidden: int, depth: int, batch: in
 
 def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, depth: int = 3, batch: int = 64,
                          steps: int = 3, timeout: float = 300.0) -> Path:
-    """Start ``mpiexec -n n python -m ddlcourse.profiling horovod-timeline path`` and wait for it.
+    """Start ``python -m ddlcourse.profiling horovod-timeline path`` on ``n`` ranks and wait for it.
 
-    Call it from the notebook's kernel (not from an engine: an MPI process does not start another MPI job
-    cleanly). Raises with the job's output when it fails.
+    Launched as the course's clusters are (:func:`ddlcourse.cluster.launch_command`): ``srun --overlap`` inside
+    a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
+    (MPICH and Open MPI differ). Call it from the notebook's kernel (not from an engine: an MPI process does
+    not start another MPI job cleanly). Raises with the job's output when it fails.
     """
-    from ddlcourse.cluster import find_mpiexec
+    from ddlcourse.cluster import launch_command
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         path.unlink()
-    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
+    _, launcher, launcher_args = launch_command(n)
+    cmd = [*launcher, "-n", str(n), *launcher_args,
            sys.executable, "-m", "ddlcourse.profiling", "horovod-timeline", str(path), "--dim", str(dim),
            "--hidden", str(hidden), "--depth", str(depth), "--batch", str(batch), "--steps", str(steps)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_LOCALRANKID"))}

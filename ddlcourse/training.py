@@ -102,6 +102,21 @@ def results_dir(case: str) -> Path:
     return d
 
 
+def run_dir(name: str) -> Path:
+    """A new, empty folder for one run under ``results/<name>/``: checkpoints and files that ranks on other
+    nodes read. It is on the shared file system the checkout is on, never a node-local ``/tmp`` (a rank on
+    another node would find nothing there)."""
+    parent = results_dir(name)
+    for i in range(1000):
+        d = parent / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{i}"
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not make a new run folder under {parent}")
+
+
 # --------------------------------------------------------------------------- configuration
 class ConfigError(ValueError):
     """A setting that does not exist, has the wrong type or is out of range."""

@@ -80,6 +80,21 @@ def test_dp_mixed_precision_on_two_ranks(mpi):
     assert "DTYPE {'float32'}" in out
 
 
+def test_dp_mixed_precision_on_a_subgroup(mpi):
+    """The compress hook reduces over DDP's group: two ranks of three train, the third does not take part (a
+    hook that all-reduced over the world would wait for it for ever)."""
+    code = ("from ddlcourse import dist, amp\n"
+            "info = dist.init(horovod=False)\n"
+            "comm, group = dist.subgroup(2)\n"
+            "if group is not None:\n"
+            "    res = amp.dp_mixed_precision(steps=1, global_batch=512, group=group)\n"
+            "    if info.rank == 0:\n"
+            "        print('SENT', [res[w]['sent'] for w in amp.DP_WAYS])\n"
+            "dist.shutdown()\n")
+    out = mpi(3, code, timeout=120).stdout
+    assert "SENT [['float32'], ['float16'], ['float16']]" in out, out
+
+
 # --------------------------------------------------------------------------- the coding exercise
 def test_loss_scale_checker_accepts_the_reference():
     assert run_checker("loss_scale_update", amp.update_scale).ok

@@ -21,6 +21,18 @@ def test_report_arithmetic():
     assert "ring / MPI = 2.00" in text and "gloo 300.0 µs, MPI 3.0 µs" in text
 
 
+def test_gpu_ranks_time_nccl_not_the_mpi_hook():
+    """On GPUs the MPI hook declines CUDA buckets: the benchmark times DDP over NCCL instead of raising."""
+    import torch
+    assert bench_ddp.ways_for(torch.device("cuda", 0)) == ("1 rank", "DDP (NCCL)", "Horovod")
+    assert bench_ddp.ways_for(torch.device("cpu")) == bench_ddp.WAYS
+    res = {"seconds": {"1 rank": 0.1, "DDP (NCCL)": 0.11, "Horovod": 0.12}, "per_rep": {"1 rank": [0.1]},
+           "world_size": 8, "batch": 4, "n_params": 1, "model": "cnn", "device": "cuda:0", "horovod_comm": "NCCL"}
+    text = bench_ddp.report(res, {"ring": {"busbw": 1.0}, "mpi": {"busbw": 1.0}}, {"gloo": [1e-4], "mpi": [1e-5]})
+    assert "on cuda:0" in text and "Horovod reduces through NCCL" in text and "DDP (NCCL)" in text
+    assert "MPI hook" not in text
+
+
 def test_unknown_model():
     with pytest.raises(ValueError, match="unknown model"):
         bench_ddp.build("resnet", "cpu")

@@ -154,3 +154,29 @@ def test_stop_all_kills_recorded_orphans(tmp_path):
     assert cluster.stop_all(tmp_path, only_orphans=True) == 1
     sleeper.wait(timeout=5)
     assert not list(tmp_path.glob("cluster-*.json"))
+
+
+def test_launch_flags_fit_the_launcher(monkeypatch, tmp_path):
+    """srun: --overlap (a second step of the allocation must not wait behind the engines) and, with GPUs,
+    --gpu-bind=none; mpiexec: Hydra's flags for MPICH, Open MPI's own for Open MPI (it rejects -genv)."""
+    for name, version in (("ompi", "mpiexec (Open MPI) 5.0.3"), ("hydra", "HYDRA build details:")):
+        exe = tmp_path / name / "mpiexec"
+        exe.parent.mkdir()
+        exe.write_text(f"#!/bin/sh\necho '{version}'\n")
+        exe.chmod(0o755)
+    _, _, ompi = cluster.launch_command(2, launcher="mpiexec", mpiexec=str(tmp_path / "ompi" / "mpiexec"))
+    assert ompi == ["--bind-to", "none", "-x", "OMP_NUM_THREADS=1", "-x", "DDLCOURSE_THREADS=1"]
+    _, _, hydra = cluster.launch_command(2, launcher="mpiexec", mpiexec=str(tmp_path / "hydra" / "mpiexec"))
+    assert hydra[:2] == ["-bind-to", "none"] and "-genv" in hydra
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text("#!/bin/sh\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", str(srun.parent))
+    monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmi2")
+    for v in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_NODE"):
+        monkeypatch.delenv(v, raising=False)
+    _, _, args = cluster.launch_command(2, launcher="srun")
+    assert "--overlap" in args and "--mpi=pmi2" in args and "--gpu-bind=none" not in args
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    assert "--gpu-bind=none" in cluster.launch_command(2, launcher="srun")[2]

@@ -191,3 +191,33 @@ def test_the_store_port_is_the_one_rank0_listens_on(mpi):
         "if info.rank == 0: print(len(set(seen)), seen[0][0], seen[0][1] > 0)\n"
     )
     assert mpi(2, code).stdout.split() == ["1", "127.0.0.1", "True"]
+
+
+def _fake_cuda(monkeypatch, count: int):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda idx: None)
+    monkeypatch.delenv("DDLCOURSE_SHARE_GPUS", raising=False)
+
+
+def test_one_gpu_bound_per_task_is_accepted(monkeypatch):
+    """srun --gpus-per-task=1 (or a site that binds GPUs per task): every rank sees one GPU, its own."""
+    _fake_cuda(monkeypatch, 1)
+    for local in range(4):
+        assert str(dist.pick_device(local)) == "cuda:0"
+    seen = [("n0", f"GPU-{r}") for r in range(4)] + [("n1", f"GPU-{r}") for r in range(4)]  # per node, distinct
+    assert all(dist.shared_gpu(seen, r) is None for r in range(8))
+
+
+def test_ranks_that_share_one_gpu_are_refused(monkeypatch):
+    _fake_cuda(monkeypatch, 4)
+    assert str(dist.pick_device(2)) == "cuda:2"
+    with pytest.raises(dist.LaunchError, match="no GPU of its own"):
+        dist.pick_device(4)
+    seen = [("n0", "GPU-a"), ("n0", "GPU-a"), ("n1", "GPU-a")]    # one GPU given to both ranks of n0
+    why = dist.shared_gpu(seen, 1)
+    assert "ranks [0, 1] on n0 all use GPU GPU-a" in why and "--gpus-per-task=1" in why
+    assert dist.shared_gpu(seen, 2) is None and dist.shared_gpu([("n0", None)] * 2, 0) is None   # CPU ranks
+    monkeypatch.setenv("DDLCOURSE_SHARE_GPUS", "1")
+    assert dist.shared_gpu(seen, 1) is None

@@ -106,3 +106,17 @@ def test_resume_checker_accepts_the_reference():
 def test_resume_checker_names_the_mistake(wrong, hint):
     v = run_checker("resume_step", wrong)
     assert not v.ok and hint in v.message, v.message
+
+
+def test_torchrun_starts_at_most_one_worker_per_gpu_of_this_node(monkeypatch, capsys):
+    """13b runs torchrun on the notebook's node only: 8 ranks asked for on a 4-GPU node start 4 workers."""
+    import torch
+
+    from ddlcourse import elastic
+    assert elastic.workers_here(8) == 8 or torch.cuda.is_available()        # CPU: as many as asked
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert elastic.workers_here(8) == 4 and "4 GPU(s) on this node: starting 4" in capsys.readouterr().out
+    assert elastic.workers_here(2) == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        elastic.workers_here(0)

@@ -153,3 +153,35 @@ def test_profile_step_on_two_ranks(mpi, tmp_path):
     trace = json.loads((tmp_path / "rank0.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"forward", "backward", "optimizer", "gloo:all_reduce"} <= names
+
+
+def test_gpu_steps_count_each_range_once_and_time_the_kernels():
+    """On a GPU the profiler copies every record_function range onto the device timeline, and the host-side
+    nccl:all_reduce only times the launch: steps are split on the host's ranges, the allreduce and compute are
+    the device's kernels."""
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    from torch.autograd import DeviceType
+
+    def ev(name, a, b, dev=DeviceType.CPU):
+        return NS(name=name, device_type=dev, time_range=NS(start=a, end=b))
+    cuda = DeviceType.CUDA
+    events = []
+    for s in range(2):
+        o = s * 1000
+        events += [ev("sync", o, o + 10), ev("sync", o, o + 12, cuda),            # host range and its device copy
+                   ev("forward", o + 10, o + 100), ev("forward", o + 11, o + 105, cuda),
+                   ev("backward", o + 100, o + 300), ev("backward", o + 101, o + 420, cuda),
+                   ev("nccl:all_reduce", o + 200, o + 205),                      # the launch only
+                   ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", o + 250, o + 400, cuda),
+                   ev("sm80_xmma_gemm", o + 120, o + 280, cuda)]
+    steps = P._step_events(events, 2, device_timeline=True)
+    assert len(steps) == 2
+    first = steps[0]
+    assert [k for _, k, _, _ in first].count("forward") == 1 and [k for _, k, _, _ in first].count("backward") == 1
+    assert np.allclose(P.intervals(first, "allreduce"), [(0.00024, 0.00039)])
+    assert np.allclose(P.intervals(first, "compute"), [(0.00011, 0.00027)])
+    host = P._step_events(events, 2)          # a CPU run would take the host-side collective
+    assert np.allclose(P.intervals(host[0], "allreduce"), [(0.00019, 0.000195)])

@@ -61,3 +61,11 @@ def test_progress_file(tmp_path):
 def test_setup_rejects_bad_backend():
     with pytest.raises(ValueError, match="unknown backend"):
         training.setup("gloo")
+
+
+def test_run_dir_is_a_new_folder_on_the_shared_results_path(monkeypatch, tmp_path):
+    """Checkpoints that ranks on other nodes read go under results/, never a node-local temporary folder."""
+    from ddlcourse import training
+    monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path))
+    a, b = training.run_dir("dcp"), training.run_dir("dcp")
+    assert a != b and a.parent == b.parent == tmp_path / "dcp" and not any(a.iterdir())

@@ -77,8 +77,10 @@ def _sendrecv(x: torch.Tensor, to: int, frm: int, group) -> torch.Tensor:
     """Send ``x`` to global rank ``to`` and receive a tensor of the same shape from ``frm``, at the same time."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    reqs = [tdist.isend(x, to, group=group), tdist.irecv(out, frm, group=group)]
-    for q in reqs:
+    # One batched launch: around a ring, a separate isend then irecv on one NCCL communicator can deadlock
+    # (every rank's send waits for a receive that is queued behind it); gloo hides it, NCCL does not.
+    ops = [tdist.P2POp(tdist.isend, x, to, group=group), tdist.P2POp(tdist.irecv, out, frm, group=group)]
+    for q in tdist.batch_isend_irecv(ops):
         q.wait()
     return out
 
@@ -121,7 +123,8 @@ def online_softmax_update(m, l, o, scores, v):
 
 def _runs(pos: torch.Tensor) -> list[slice]:
     """The blocks a rank works in: its two halves (the zig-zag chunks), further cut where positions jump."""
-    jumps = {i + 1 for i in range(len(pos) - 1) if int(pos[i + 1]) != int(pos[i]) + 1}
+    pos = pos.tolist()                             # one copy to the host, not an int() per element on a GPU
+    jumps = {i + 1 for i in range(len(pos) - 1) if pos[i + 1] != pos[i] + 1}
     cuts = sorted({0, len(pos) // 2, len(pos)} | jumps - {0})
     return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
@@ -140,14 +143,15 @@ def blockwise_attention(q, k, v, q_pos, k_pos, state=None, stats=None):
                   torch.zeros(shape[:-2] + (s.stop - s.start, 1), device=q.device, dtype=q.dtype),
                   torch.zeros(q.shape[:-2] + (s.stop - s.start, q.shape[-1]), device=q.device, dtype=q.dtype)]
                  for s in _runs(q_pos)]
+    qh, kh = q_pos.tolist(), k_pos.tolist()        # positions on the host, read once (no sync per block on a GPU)
     for st, qs in zip(state, _runs(q_pos)):
         qp = q_pos[qs]
         for ks in _runs(k_pos):
             kp = k_pos[ks]
-            if int(kp[0]) > int(qp[-1]):          # every key in the future of every query: nothing to do
+            if kh[ks.start] > qh[qs.stop - 1]:    # every key in the future of every query: nothing to do
                 continue
             s = q[..., qs, :] @ k[..., ks, :].transpose(-2, -1) * scale
-            if int(kp[-1]) > int(qp[0]):          # straddles the diagonal: mask the future keys
+            if kh[ks.stop - 1] > qh[qs.start]:    # straddles the diagonal: mask the future keys
                 s = s.masked_fill(kp[None, :] > qp[:, None], float("-inf"))
             st[:] = online_softmax_update(*st, s, v[..., ks, :])
             if stats is not None:
@@ -166,6 +170,7 @@ def ring_attention(q, k, v, q_pos, k_pos, group=None, stats=None):
     kv, kp = torch.stack([k, v]), k_pos.clone()            # (2, batch, heads, T_local, head_dim)
     state, compute = None, 0.0
     for step in range(cp):
+        synchronize(q.device)                              # the clock starts when the device is idle
         t0 = time.perf_counter()
         state = blockwise_attention(q, kv[0], kv[1], q_pos, kp, state, stats)
         synchronize(q.device)
