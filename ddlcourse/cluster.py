@@ -49,6 +49,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ipyparallel.serialize.canning import CannedObject
+
 from ddlcourse import checks
 
 DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
@@ -474,6 +476,7 @@ class MPICluster:
 
         if self.running:
             return self
+        send_notebook_classes_by_value()
         launcher, mpi_cmd, mpi_args = launch_command(self.n, self.launcher, self.threads_per_rank, self.mpiexec)
         self._check_allocation(launcher)
         cores = available_cores()
@@ -776,6 +779,45 @@ class MPICluster:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"MPICluster(n={self.n}, launcher={self.launcher!r}, {state})"
+
+
+# --------------------------------------------------------------------------- the learner's classes, to the engines
+class CannedByValue(CannedObject):
+    """A class defined in a notebook, pickled by value with cloudpickle (with the globals its methods use).
+    At module level: the engines unpickle it by this name."""
+
+    def __init__(self, cls):
+        import cloudpickle
+        self.data, self.buffers = cloudpickle.dumps(cls), []
+
+    def get_object(self, g=None):
+        import cloudpickle
+        return cloudpickle.loads(self.data)
+
+
+def send_notebook_classes_by_value() -> None:
+    """Let ipyparallel send a torch module or autograd Function class defined in a notebook (a learner's MyDDP or
+    MySyncBatchNorm) to the engines. By default it sends a notebook's class as its methods, one by one: a method
+    that calls ``super()`` holds the class in a closure cell and the canning recurses for ever, the methods look
+    their globals (``tdist``) up in the engine's namespace, where the notebook's imports are missing, and an
+    autograd Function (its own metaclass) is pickled by name, which the engines cannot find. Such classes go by
+    value, with cloudpickle; every other object as before. Called by :meth:`MPICluster.start`."""
+    import torch                                       # the notebook has it already: its classes subclass it
+    from ipyparallel.serialize import canning
+
+    if getattr(canning, "_ddlcourse_by_value", False):
+        return
+    default = canning.can_map.get(type, canning.can_class)
+
+    def can_class(obj):
+        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, type) \
+                and issubclass(obj, (torch.nn.Module, torch.autograd.Function)):
+            return CannedByValue(obj)
+        return default(obj)
+
+    canning.can_map[type] = can_class
+    canning.can_map[type(torch.autograd.Function)] = can_class
+    canning._ddlcourse_by_value = True
 
 
 def start(n: int | None = None, **kwargs) -> MPICluster:

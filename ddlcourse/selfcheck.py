@@ -12,7 +12,7 @@ registered with the ``@exercise`` decorator; every module of that package is imp
 Coding exercises (the learner writes the function) register a *checker* with ``@code_exercise``: it runs
 the learner's function, compares with the package's reference and names the typical mistake it sees::
 
-    check_code("ring_reduce_scatter", my_reduce_scatter, cluster=c)   # runs on every rank of c
+    check_code("ring_allreduce", my_ring_allreduce, cluster=c)   # runs on every rank of c
 """
 from __future__ import annotations
 

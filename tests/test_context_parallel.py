@@ -50,6 +50,7 @@ def test_zigzag_balances_the_causal_work():
     contiguous = context.scores_per_rank(256, 4, "contiguous")
     zigzag = context.scores_per_rank(256, 4, "zigzag")
     assert contiguous == [int(4096 * (r + 0.75)) for r in range(4)]  # rank r: r + 3/4 blocks of 64 x 64
+    assert 3 * contiguous[-1] == (4 * 4 - 1) * contiguous[0]          # the last rank: (4cp - 1)/3 times the first
     assert zigzag == [32 * 32 * 9] * 4                               # every rank: 2cp + 1 half-chunk blocks
     assert sum(zigzag) < sum(contiguous) * 1.01 + 1
 

@@ -1,4 +1,5 @@
-"""The coding exercise of notebook 14 (each rank's share of a shared per-epoch permutation)."""
+"""The coding exercises of notebook 14. tests/test_build_it.py checks the references and the registered
+mistakes; here: other correct solutions are accepted, and the mistakes differ from the reference on the cases."""
 import numpy as np
 
 from ddlcourse import sharding
@@ -6,35 +7,56 @@ from ddlcourse.exercises import nb14_data_pipeline as ex
 from ddlcourse.selfcheck import run_checker
 
 
-def _written_by_hand(n, global_batch, rank, world_size, epoch, seed):
-    order = np.random.default_rng([seed, epoch]).permutation(n)     # the same on every rank
-    out = []
-    for start in range(0, n, global_batch):                          # ceil: the last batch is kept
-        batch = order[start:start + global_batch]
-        base, extra = divmod(len(batch), world_size)
-        lo = rank * base + min(rank, extra)
-        out.append(batch[lo:lo + base + (rank < extra)])
-    return out
-
-
-def test_accepts_the_reference_and_a_hand_written_solution():
+def test_sharded_reader_accepts_the_package_function():
     assert run_checker("sharded_reader", sharding.sharded_batches).ok
-    assert run_checker("sharded_reader", _written_by_hand).ok
 
 
-def test_names_typical_mistakes():
-    for wrong, hint in ex._READER_MISTAKES:
-        v = run_checker("sharded_reader", wrong)
-        assert not v.ok and v.message == hint, (wrong.__name__, v.message)
-
-
-def test_each_mistake_differs_from_the_reference_on_the_cases():
+def test_each_reader_mistake_differs_from_the_reference_on_the_cases():
     for wrong, _ in ex._READER_MISTAKES:
         assert any(ex._as_lists(wrong(n, gb, r, ws, e, ex._SEED)) != ex._as_lists(
             sharding.sharded_batches(n, gb, r, ws, e, ex._SEED))
             for n, gb, ws in ex._READER_CASES for e in (0, 1) for r in range(ws)), wrong.__name__
 
 
-def test_unknown_mistake_is_described():
+def test_unknown_reader_mistake_is_described():
     v = run_checker("sharded_reader", lambda n, gb, r, ws, e, s: [np.arange(gb)])
     assert not v.ok and "steps, expected" in v.message
+
+
+def test_the_sampler_reference_is_the_package_sampler():
+    for n, drop_last in ex._SAMPLER_CASES:
+        for ws in (2, 3):
+            for r in range(ws):
+                _, epochs = ex._sampler_run(ex._SamplerSolution, n, r, ws, drop_last)
+                for e, got in zip(ex._SAMPLER_EPOCHS, epochs):
+                    order = sharding.epoch_permutation(n, e, ex._SAMPLER_SEED)
+                    want = sharding.distributed_sampler_indices(n, r, ws, e, ex._SAMPLER_SEED,
+                                                                drop_last=drop_last, order=order)
+                    assert got == want.tolist(), (n, drop_last, ws, r, e)
+
+
+SAMPLER = """
+import numpy as np
+from ddlcourse import sharding
+
+class ByHand:                                     # torch's way of padding: indices += indices[:pad]
+    def __init__(self, n, rank, world_size, seed=0, drop_last=False):
+        self.n, self.r, self.w, self.seed, self.drop, self.epoch = n, rank, world_size, seed, drop_last, 0
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+    def _total(self):
+        return self.n - self.n % self.w if self.drop else -(-self.n // self.w) * self.w
+    def __len__(self):
+        return self._total() // self.w
+    def __iter__(self):
+        idx = list(sharding.epoch_permutation(self.n, self.epoch, self.seed))
+        while len(idx) < self._total():
+            idx += idx[:self._total() - len(idx)]
+        return (int(i) for i in idx[:self._total()][self.r::self.w])
+v = run_checker("distributed_sampler", ByHand)
+assert v.ok, v.message
+"""
+
+
+def test_the_sampler_check_accepts_another_correct_sampler(on_ranks):
+    on_ranks(3, SAMPLER)

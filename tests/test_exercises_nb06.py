@@ -1,24 +1,32 @@
-"""The coding exercise of notebook 06 (SyncBatchNorm): the statistics allreduce, on real ranks."""
+"""Notebook 06's exercises beyond what tests/test_build_it.py runs (the references accepted, each registered mistake
+named, the templates 'not written yet'): other correct ways to write them pass."""
 
 CODE = """
 import torch
-from ddlcourse.exercises import nb06_sync_batchnorm as ex
 from ddlcourse.parallel import syncbn
-v = run_checker("syncbn_stats", lambda x, allreduce: syncbn.global_batch_stats(x))
+v = run_checker("syncbn_stats", lambda x, allreduce: syncbn.global_batch_stats(x))   # the package's own
 assert v.ok, v.message
-def mine(x, allreduce):                       # one count and C sums, then C sums of squares
-    C = x.shape[1]
-    s = torch.cat([torch.tensor([x.numel() / C], dtype=x.dtype), x.sum((0, 2, 3))])
-    allreduce(s)
-    mean = s[1:] / s[0]
-    var = allreduce(((x - mean.view(1, C, 1, 1)) ** 2).sum((0, 2, 3))) / s[0]
-    return mean, var, s[0]
-assert run_checker("syncbn_stats", mine).ok
-for kind, hint in [("avg_var", "averaged the ranks' variances"), ("mean_of_means", "averaged the ranks' means"),
-                   ("unbiased", "biased variance"), ("samples_only", "images x height x width")]:
-    reject("syncbn_stats", ex._stats_variant(kind), hint)
+
+class TwoPass(torch.autograd.Function):
+    \"\"\"The package's SyncBatchNormFunction (two passes for the variance), behind the exercise's signature.\"\"\"
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, allreduce):
+        with torch.enable_grad():
+            xx, w, b = x.detach().requires_grad_(), weight.detach().requires_grad_(), bias.detach().requires_grad_()
+            y = syncbn.SyncBatchNormFunction.apply(xx, w, b, None, None, eps, 0.0, None)
+        ctx.saved = (xx, w, b, y)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, dy):
+        xx, w, b, y = ctx.saved
+        dx, dw, db = torch.autograd.grad(y, (xx, w, b), dy)
+        return dx, dw, db, None, None
+
+v = run_checker("syncbn_function", TwoPass)
+assert v.ok, v.message
 """
 
 
-def test_syncbn_stats_checker_on_ranks(on_ranks):
-    on_ranks(2, CODE)
+def test_other_correct_syncbn_solutions_pass(on_ranks):
+    on_ranks(3, CODE)

@@ -1,14 +1,26 @@
-"""The coding exercise of notebook 09 (memory): bytes of fp32 training state per model and optimizer."""
-from ddlcourse.exercises import nb09_memory as ex
+"""Notebook 09's coding exercises, beyond tests/test_build_it.py (which runs every registered solution and mistake):
+the checkpointing checker accepts the other correct route and explains the reentrant trap."""
+import torch
+import torch.utils.checkpoint
+
 from ddlcourse.selfcheck import run_checker
 
 
-def test_training_state_bytes_accepts_a_correct_solution():
-    per_param = {"sgd": 8, "momentum": 12, "adam": 16}          # weights + gradients + optimizer state, fp32
-    assert run_checker("training_state_bytes", lambda P, opt: per_param[opt] * P).ok
+def _reentrant(requires_grad: bool):
+    def forward(layers, x, segments):
+        n = len(layers)
+        bounds = [k * n // segments for k in range(segments + 1)]
+        h = x.detach().requires_grad_(True) if requires_grad else x
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            h = torch.utils.checkpoint.checkpoint(layers[a:b], h, use_reentrant=True)
+        return h
+    return forward
 
 
-def test_training_state_bytes_names_mistakes():
-    for kind, hint in [("no_grads", "left out the gradients"), ("elements", "not bytes"), ("adam_one", "two moments")]:
-        v = run_checker("training_state_bytes", ex._state_variant(kind))
-        assert not v.ok and hint in v.message, (kind, v.message)
+def test_checkpointed_forward_accepts_reentrant_checkpointing():
+    assert run_checker("checkpointed_forward", _reentrant(True)).ok
+
+
+def test_checkpointed_forward_explains_reentrant_without_an_input_that_requires_grad():
+    v = run_checker("checkpointed_forward", _reentrant(False))
+    assert not v.ok and "use_reentrant=True the input must require grad" in v.message, v.message

@@ -172,8 +172,11 @@ def _checkpointer(cfg: Config, ctx):
     return ctx.checkpointer(CASE, epochs=cfg.epochs, run_name=run)
 
 
-def train(cfg: Config, progress_file: str | None = None) -> dict | None:
-    """Train on this rank's share; every rank of the run returns the result (rank 0 also writes it)."""
+def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict | None:
+    """Train on this rank's share; every rank of the run returns the result (rank 0 also writes it).
+
+    ``head_step``: with ``cfg.mp > 1``, the head rank's messages of one micro-batch (the lab's coding exercise,
+    ``exercises.lab04_driving.head_step_solution`` is the reference); None: the package's own code."""
     ctx = training.setup(cfg, mesh=(None, cfg.mp), progress_file=progress_file)   # every rank of the world
     if ctx is None:
         return None
@@ -192,7 +195,8 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
     torch.manual_seed(cfg.seed)                    # the same initial model on every rank
     model = ctx.to(MultiViewNet(3, cfg.width, cfg.feat, cfg.hidden))
     if cfg.mp > 1:
-        net = BranchParallel(model, cfg.mp, m.mp_rank, m.mp_ranks, m.dp_group, mp_group=m.mp_group)
+        net = BranchParallel(model, cfg.mp, m.mp_rank, m.mp_ranks, m.dp_group, mp_group=m.mp_group,
+                             head_step=head_step)
         opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

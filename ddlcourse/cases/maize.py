@@ -194,7 +194,20 @@ def _sync_buffers(model, ctx) -> None:
                 b.copy_(torch.from_numpy(ctx.mean(ctx.numpy(b))).to(b.dtype))
 
 
-def train_segmentation(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
+def _wrap(model, opt, ctx, ddp):
+    """``ctx.wrap`` (the run's backend), or, when ``ddp`` is given, that data-parallel class (the learner's MyDDP
+    of notebook 05, which needs ``finish_gradient_synchronization()`` before each step)."""
+    if ddp is None or ctx.world_size == 1:
+        return ctx.wrap(model, opt)
+    return ddp(model, group=ctx.group), opt
+
+
+def _finish(model) -> None:
+    if hasattr(model, "finish_gradient_synchronization"):
+        model.finish_gradient_synchronization()
+
+
+def train_segmentation(cfg: Config, ctx, tr, bar, ddp=None) -> tuple[torch.nn.Module, dict]:
     model = UNet(cfg.width, cfg.depth)
     if cfg.syncbn and ctx.world_size > 1:
         from ddlcourse.parallel.syncbn import convert_sync_batchnorm
@@ -205,7 +218,7 @@ def train_segmentation(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict
     start, hist = ck.load(model, opt)                                    # resume before wrapping
     hist = {"loss": list(hist.get("loss", [])), "seconds": float(hist.get("seconds", 0.0)),
             "samples": int(hist.get("samples", 0))}
-    model, opt = ctx.wrap(model, opt)
+    model, opt = _wrap(model, opt, ctx, ddp)
     for epoch in range(start, cfg.seg_epochs):
         model.train()
         for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed, epoch):
@@ -214,23 +227,24 @@ def train_segmentation(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict
                 opt.zero_grad()
                 loss = seg_loss(model(x), y)
                 loss.backward()
+                _finish(model)
                 opt.step()
             hist["seconds"] += t.seconds
             hist["samples"] += len(idx) * ctx.world_size
             hist["loss"].append(ctx.mean(loss.item()))                   # mean over the global batch
             bar.update(loss=hist["loss"][-1])
         _sync_buffers(_unwrap(model), ctx)
-        ck.save(epoch + 1, model, opt, **hist)
+        ck.save(epoch + 1, _unwrap(model), opt, **hist)
     return _unwrap(model), hist
 
 
-def train_autoencoder(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict]:
+def train_autoencoder(cfg: Config, ctx, tr, bar, ddp=None) -> tuple[torch.nn.Module, dict]:
     ae = ctx.to(CropAutoencoder(cfg.latent, cfg.ae_width, cfg.crop))
     opt = torch.optim.Adam(ae.parameters(), lr=cfg.ae_lr)
     ck = ctx.checkpointer(CASE, "autoencoder", epochs=cfg.ae_epochs)
     start, hist = ck.load(ae, opt)
     hist = {"loss": list(hist.get("loss", [])), "seconds": float(hist.get("seconds", 0.0))}
-    ae, opt = ctx.wrap(ae, opt)
+    ae, opt = _wrap(ae, opt, ctx, ddp)
     for epoch in range(start, cfg.ae_epochs):
         for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed + 1, epoch):
             with ctx.timer() as t:
@@ -242,17 +256,19 @@ def train_autoencoder(cfg: Config, ctx, tr, bar) -> tuple[torch.nn.Module, dict]
                 # gradients are *averaged* over ranks, so scale by world_size: the result is the global mean
                 loss = (err * w).sum() * ctx.world_size / max(n_global, 1.0)
                 loss.backward()
+                _finish(ae)
                 opt.step()
             hist["seconds"] += t.seconds
             hist["loss"].append(ctx.mean(loss.item()))
             bar.update(loss=hist["loss"][-1])
-        ck.save(epoch + 1, ae, opt, **hist)
+        ck.save(epoch + 1, _unwrap(ae), opt, **hist)
     return _unwrap(ae), hist
 
 
 def _unwrap(model):
     from ddlcourse.parallel.data_parallel import unwrap
-    return unwrap(model)
+    model = unwrap(model)
+    return model.module if hasattr(model, "finish_gradient_synchronization") else model
 
 
 # =========================================================================== evaluation
@@ -313,8 +329,11 @@ def evaluate_anomaly(ae, tr, va, ctx, seed: int) -> dict:
 
 
 # =========================================================================== the entry point
-def train(cfg: Config, progress_file: str | None = None) -> dict | None:
+def train(cfg: Config, progress_file: str | None = None, ddp=None) -> dict | None:
     """Train and evaluate on this rank's shard; every rank returns the same metrics (rank 0 also pictures).
+
+    ``ddp``: a data-parallel class to wrap the models with in place of the backend's (the learner's MyDDP of
+    notebook 05: ``ddp(model, group=...)``, ``finish_gradient_synchronization()`` before each step).
 
     Rank 0 writes the plain numbers to ``results/maize/result-<run_name>.json``.
     """
@@ -342,7 +361,7 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
         va = {"x": to_tensor(va_arr["image"]), "image": va_arr["image"], "instances": va_arr["instances"],
               "plants": va_arr["plants"], "crop": cfg.crop}
     if "seg" in stages:
-        model, hist = train_segmentation(cfg, ctx, tr, bar)
+        model, hist = train_segmentation(cfg, ctx, tr, bar, ddp)
         out.update(loss=hist["loss"], seconds=hist["seconds"], samples=hist["samples"])
         out["throughput"] = hist["samples"] / max(hist["seconds"], 1e-9)
         if va is not None:
@@ -351,7 +370,7 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
             if ctx.is_root:
                 out["examples"] = {"image": va["image"][:4], "truth": va["instances"][:4], "pred": np.stack(preds[:4])}
     if "ae" in stages:
-        ae, hist = train_autoencoder(cfg, ctx, tr, bar)
+        ae, hist = train_autoencoder(cfg, ctx, tr, bar, ddp)
         out.update(ae_loss=hist["loss"], ae_seconds=hist["seconds"])
         if va is not None:
             out.update(evaluate_anomaly(ae, tr, va, ctx, cfg.seed))

@@ -204,8 +204,11 @@ def load_cubes(cfg: Config, ctx) -> dict:
 
 
 # --------------------------------------------------------------------------- train
-def train(cfg: Config, progress_file: str | None = None) -> dict | None:
-    """Train the 2-D or 3-D model on synthetic seismic cubes; evaluate on held-out volumes (on every rank)."""
+def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> dict | None:
+    """Train the 2-D or 3-D model on synthetic seismic cubes; evaluate on held-out volumes (on every rank).
+
+    ``halo_exchange``: with ``spatial > 1``, the halo exchange ``(x, halo, rank, world, send, recv)`` that the
+    spatial convolutions use (notebook 12's exercise, the learner's in lab 2); default: the package's."""
     s = cfg.spatial
     need_mb = preflight(cfg, cfg.ranks or dist.world_size())   # bad options fail before any work, on every rank
     # the run's ranks as a grid: rows of `spatial` neighbouring ranks share a cube, columns are data-parallel
@@ -222,7 +225,7 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
     torch.manual_seed(cfg.seed)                           # the same initial model on every rank, whatever ran before
     model = ctx.to(build_model(cfg))
     if cfg.model == "3d":
-        model.set_spatial(group)
+        model.set_spatial(group, halo_exchange)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     ckpt = ctx.checkpointer(CASE, stage=cfg.model, epochs=cfg.epochs)   # results/seismic/ckpt/<run>/<2d|3d>
     start_epoch, state = ckpt.load(model, opt)

@@ -155,9 +155,57 @@ def _lr(cfg: Config) -> float:
     return scaled_lr(cfg.lr, cfg.global_batch, cfg.base_batch, cfg.lr_rule)
 
 
-def _optimizer(name: str, params, lr: float):
+def _optimizer(name: str, params, lr: float, step_fn=None):
     from ddlcourse.optim import make_optimizer
+    if step_fn is not None:
+        if name.lower() != "lamb":
+            raise ValueError(f"step_fn is a LAMB step: train it with optimizer='lamb', not {name!r}")
+        return FunctionOptimizer.of(step_fn)(params, lr=lr)
     return make_optimizer(name, params, lr)
+
+
+class FunctionOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose update is a plain function, ``step_fn(params, grads, state, lr, betas, eps,
+    weight_decay)``: the LAMB step of notebook 07's exercise ``lamb_step``, so the lab trains on the learner's
+    own update while the loop, the warmup schedule (it sets ``lr``), the wrappers and the checkpoints see an
+    ordinary optimizer. ``state`` is one dict for all parameters; it travels in ``state_dict()["fn_state"]``.
+    Build the class for a function with :meth:`of` (a class attribute, so Horovod's subclass keeps it)."""
+
+    step_fn = None
+
+    @classmethod
+    def of(cls, step_fn):
+        g = getattr(step_fn, "__globals__", None)
+        if g is not None and getattr(step_fn, "__module__", None) == "__main__":
+            # a function written in a notebook reaches the engines without the notebook's imports
+            # (ipyparallel gives it the engine's namespace): give it the modules a LAMB step uses
+            import math
+            g.setdefault("torch", torch)
+            g.setdefault("math", math)
+        return type("FunctionOptimizer", (cls,), {"step_fn": staticmethod(step_fn)})
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.fn_state = [{} for _ in self.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group, state in zip(self.param_groups, self.fn_state):
+            params = [p for p in group["params"] if p.grad is not None]
+            type(self).step_fn(params, [p.grad for p in params], state, group["lr"], tuple(group["betas"]),
+                               group["eps"], group["weight_decay"])
+        return loss
+
+    def state_dict(self):
+        return dict(super().state_dict(), fn_state=self.fn_state)
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        fn_state = state_dict.pop("fn_state", None)
+        super().load_state_dict(state_dict)
+        if fn_state is not None:
+            self.fn_state = fn_state
 
 
 @torch.no_grad()
@@ -192,10 +240,12 @@ def evaluate(model, val: dict, ctx, cfg: Config, mean_design: np.ndarray | None 
     return out
 
 
-def train(cfg: Config, progress_file: str | None = None) -> dict | None:
+def train(cfg: Config, progress_file: str | None = None, step_fn=None) -> dict | None:
     """Train (or resume) the surrogate; returns the same result dict on every rank that takes part.
 
     Rank 0 writes the plain numbers to ``results/topology/result-<run_name>.json``.
+    ``step_fn``: a LAMB step written as a function (notebook 07's exercise ``lamb_step``), which replaces the
+    library's LAMB (``optimizer="lamb"`` only; see :class:`FunctionOptimizer`).
     """
     ctx = training.setup(cfg, progress_file=progress_file)
     if ctx is None:
@@ -216,7 +266,7 @@ def train(cfg: Config, progress_file: str | None = None) -> dict | None:
         done, _ = training.Checkpointer(training.results_dir(CASE) / "ckpt" / cfg.init_from, ctx).load(model)
         if done == 0:
             raise ValueError(f"init_from={cfg.init_from!r}: that run has no checkpoint; train it first")
-    opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg))
+    opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg), step_fn)
     from ddlcourse.schedules import with_warmup
     sched = with_warmup(opt, cfg.warmup_steps)
     ckpt = ctx.checkpointer(CASE, epochs=cfg.epochs)                  # fresh=True clears it

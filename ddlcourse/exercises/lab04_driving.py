@@ -1,6 +1,10 @@
-"""Exercises of labs/04_driving.ipynb."""
+"""Exercises of labs/04_driving.ipynb; the coding exercise is the head rank's messages of view parallelism."""
+import numpy as np
+import torch
+from torch import nn
+
 from ddlcourse.data.driving import CAR_L, quotas
-from ddlcourse.selfcheck import exercise
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
 @exercise("lab04_ttc", "the gap between bumpers is the centre distance minus one car length; divide by the closing speed")
@@ -19,3 +23,155 @@ def majority_macro_f1(n: int = 23) -> float:
 @exercise("lab04_bubble", "a pipeline of p stages and m micro-batches idles (p - 1) / (m + p - 1) of the time")
 def bubble(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
+
+
+# --------------------------------------------------------------------------- build it: the head's messages
+def head_step_solution(head, feats, target, loss_fn, scale, send, recv):
+    """One micro-batch on the head rank of a view-parallel model (see the lab's template)."""
+    parts = []
+    for f in feats:
+        if isinstance(f, int):
+            parts.append(recv(f).requires_grad_(True))     # a view computed on rank f
+        else:
+            parts.append(f)                                 # computed here: autograd already links it
+    logits = head(torch.cat(parts, dim=1))
+    loss = loss_fn(logits, target) / scale
+    loss.backward()
+    for f, part in zip(feats, parts):
+        if isinstance(f, int):
+            send(part.grad, f)                              # the view's gradient back to its encoder's rank
+    return loss.detach()
+
+
+def _head_variant(kind: str):
+    """The solution with one typical mistake: "no_grad_back", "no_requires_grad", "view_index", "not_scaled"."""
+    def head_step(head, feats, target, loss_fn, scale, send, recv):
+        parts = []
+        for f in feats:
+            if isinstance(f, int):
+                t = recv(f)
+                parts.append(t if kind == "no_requires_grad" else t.requires_grad_(True))
+            else:
+                parts.append(f)
+        logits = head(torch.cat(parts, dim=1))
+        loss = loss_fn(logits, target) / (1 if kind == "not_scaled" else scale)
+        loss.backward()
+        if kind != "no_grad_back":
+            for i, (f, part) in enumerate(zip(feats, parts)):
+                if isinstance(f, int):
+                    send(part.grad, i if kind == "view_index" else f)
+        return loss.detach()
+    head_step.__name__ = f"head_step_{kind}"
+    return head_step
+
+
+HEAD_HINTS = {
+    "view_index": "wrong neighbour: send each view's gradient to the rank that computed the view (the int in "
+                  "feats), not to the view's index",
+    "no_requires_grad": "a received feature block has no gradient (None was sent): call requires_grad_(True) on "
+                        "it, so that backward computes its gradient",
+    "no_grad_back": "the gradients are not sent back: after backward, send each received view's gradient to the "
+                    "rank it came from; that rank waits for it to run its encoder's backward",
+    "not_scaled": "the gradients are `scale` times too large: divide the micro-batch's summed loss by `scale` "
+                  "(the replica's batch), so the micro-batches add up to the mean",
+    "no_loss": "return the micro-batch's loss (a 0-d tensor, detached): the lab adds them up",
+}
+VIEW_WIDTHS, IN_DIM, N_CLS, ROWS = (5, 7, 6), 4, 3, (4, 6)      # each view its own width: a misrouted block shows
+
+
+def _view_owners(p: int) -> list[int]:
+    """Which rank computes each view; the head is rank p - 1. Owners are not the view indices, so a gradient
+    sent to the view's index goes astray."""
+    return {2: [0, 0, 1], 3: [1, 0, 2]}.get(p) or [(b + 2) % (p - 1) for b in range(len(VIEW_WIDTHS))]
+
+
+def _view_model():
+    with torch.random.fork_rng():
+        torch.manual_seed(321)
+        encoders = [nn.Linear(IN_DIM, w) for w in VIEW_WIDTHS]
+        head = nn.Sequential(nn.Linear(sum(VIEW_WIDTHS), 8), nn.Tanh(), nn.Linear(8, N_CLS))
+    return encoders, head
+
+
+@code_exercise("lab04_view_head", distributed=True, solution=head_step_solution, ranks=(2, 3, 4),
+               mistakes=[(_head_variant(k), HEAD_HINTS[k][:40]) for k in
+                         ("no_grad_back", "no_requires_grad", "view_index", "not_scaled")])
+def check_view_head(fn, **_) -> Verdict:
+    """On every rank: the last rank is the head and runs ``fn(head, feats, target, loss_fn, scale, send, recv)``
+    for two micro-batches; the other ranks run the view encoders they own (forwards of both micro-batches sent
+    to the head, then the backwards with the gradients they receive), as ``BranchParallel.step`` does. Checked
+    by where each gradient goes, the returned losses and every rank's gradients against the serial model."""
+    from ddlcourse.exercises.nb10_model_parallel import P2P
+    link = P2P()
+    r, p = link.rank, link.world
+    head_rank, owners = p - 1, _view_owners(p)
+    gen = torch.Generator().manual_seed(5)
+    xs = [[torch.randn(n, IN_DIM, generator=gen) for _ in VIEW_WIDTHS] for n in ROWS]
+    ys = [torch.randint(0, N_CLS, (n,), generator=gen) for n in ROWS]
+    scale = float(sum(ROWS))
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    encoders, head = _view_model()
+    mine = [b for b, o in enumerate(owners) if o == r]
+    losses, problems = [], []
+
+    def branch():          # the package's side of a branch rank (not the learner's)
+        feats = {(m, b): encoders[b](xs[m][b]) for m in range(len(ROWS)) for b in mine}
+        for (m, b), f in feats.items():
+            link.send(f, head_rank)
+        for (m, b), f in feats.items():
+            g = link.recv(head_rank)
+            if tuple(g.shape) != tuple(f.shape):
+                problems.append("misrouted")
+                raise ValueError(f"rank {r} received a gradient of shape {tuple(g.shape)} for a feature block "
+                                 f"of shape {tuple(f.shape)}")
+            f.backward(g)
+
+    def on_head():
+        for m in range(len(ROWS)):
+            feats = [encoders[b](xs[m][b]) if o == r else o for b, o in enumerate(owners)]
+            losses.append(fn(head, feats, ys[m], loss_fn, scale, link.send, link.recv))
+
+    err = link.run(on_head if r == head_rank else branch)
+    every = link.gather((link.problems + problems, repr(err) if err else None))
+    seen = [pr for e in every for pr in e[0]]
+    if "misrouted" in seen or "peer" in seen:
+        return Verdict(False, HEAD_HINTS["view_index"])
+    if "none" in seen:
+        return Verdict(False, HEAD_HINTS["no_requires_grad"])
+    if any(isinstance(pr, tuple) for pr in seen):
+        return Verdict(False, HEAD_HINTS["no_grad_back"])
+    errors = [(s, e[1]) for s, e in enumerate(every) if e[1]]
+    if errors:
+        return Verdict(False, f"your function raised on rank {errors[0][0]}: {errors[0][1]}")
+
+    def serial(factor=1.0):
+        encs, hd = _view_model()
+        total = []
+        for m in range(len(ROWS)):
+            loss = loss_fn(hd(torch.cat([encs[b](xs[m][b]) for b in range(len(VIEW_WIDTHS))], 1)), ys[m]) / scale
+            (loss * factor).backward()
+            total.append(loss.item())
+        mods = [encs[b] for b in mine] + ([hd] if r == head_rank else [])
+        return _grads(mods), total
+
+    ref, ref_losses = serial()
+    msg = None
+    if r == head_rank and (len(losses) != len(ROWS) or any(not isinstance(v, torch.Tensor) for v in losses)):
+        msg = HEAD_HINTS["no_loss"]
+    mods = [encoders[b] for b in mine] + ([head] if r == head_rank else [])
+    if msg is None:
+        v = diagnose(_grads(mods), ref, {HEAD_HINTS["not_scaled"]: serial(scale)[0]},
+                     what=f"rank {r}'s parameter gradients")
+        msg = None if v.ok else v.message
+    if msg is None and r == head_rank and not np.allclose([float(v) for v in losses], ref_losses, rtol=1e-5):
+        msg = "the returned losses differ from loss_fn(logits, target) / scale of each micro-batch"
+    bad = [(s, m) for s, m in enumerate(link.gather(msg)) if m]
+    if not bad:
+        return Verdict(True)
+    return Verdict(False, bad[0][1] if bad[0][1].startswith(("the ", "return", "wrong", "a ")) else
+                   f"rank {bad[0][0]}: {bad[0][1]}")
+
+
+def _grads(mods) -> np.ndarray:
+    return np.concatenate([(q.grad if q.grad is not None else torch.zeros_like(q)).detach().double().reshape(-1)
+                           .numpy() for mod in mods for q in mod.parameters()])

@@ -34,7 +34,16 @@ def _grad_w_only_x(theta, x, y):              # d/db computed like d/dw (multipl
     return np.array([2 * np.mean(r * x), 2 * np.mean(r * x)])
 
 
-@code_exercise("mse_grad")
+def _mse_grad_solution(theta, x, y):
+    """The gradient of L = mean((w x + b - y)^2), as a learner writes it."""
+    w, b = theta
+    r = w * x + b - y                                   # the residual, prediction - y
+    return np.array([2 * np.mean(r * x), 2 * np.mean(r)])
+
+
+@code_exercise("mse_grad", solution=_mse_grad_solution, mistakes=[
+    (_grad_no_two, "the factor 2"), (_grad_summed, "SUM of squared errors"), (_grad_sign, "the sign is flipped"),
+    (_grad_w_only_x, "no factor x")])
 def check_mse_grad(fn) -> Verdict:
     """``fn(theta, x, y)`` -> the gradient (dL/dw, dL/db) of the mean-squared error, shape (2,)."""
     x, y = sgd.make_line_data(13, seed=3)
@@ -78,7 +87,22 @@ def _epoch_no_start(theta, x, y, lr, batch_size, order):   # the path without it
     return sgd.sgd_epoch(theta, x, y, lr, batch_size, order)[1:]
 
 
-@code_exercise("sgd_epoch")
+def _sgd_epoch_solution(theta, x, y, lr, batch_size, order):
+    """One epoch of mini-batch SGD in the given order, as a learner writes it."""
+    path = [np.array(theta, float)]
+    for start in range(0, len(order), batch_size):      # the last, smaller batch is kept
+        b = order[start:start + batch_size]
+        w, c = path[-1]
+        r = w * x[b] + c - y[b]
+        g = np.array([2 * np.mean(r * x[b]), 2 * np.mean(r)])
+        path.append(path[-1] - lr * g)
+    return np.array(path)
+
+
+@code_exercise("sgd_epoch", solution=_sgd_epoch_solution, mistakes=[
+    (_epoch_floor, "the last, smaller batch is missing"), (_epoch_ignores_order, "you did not follow `order`"),
+    (_epoch_full_gradient, "the gradient of its batch only"), (_epoch_summed, "the batch's SUM"),
+    (_epoch_no_start, "the starting point included")])
 def check_sgd_epoch(fn) -> Verdict:
     """``fn(theta, x, y, lr, batch_size, order)`` -> the path of one epoch, shape (iterations + 1, 2)."""
     x, y = sgd.make_line_data(30, seed=5)

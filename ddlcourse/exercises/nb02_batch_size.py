@@ -54,7 +54,18 @@ def _never_ends(step, base_lr, base_batch, global_batch, warmup_steps):   # the 
     return scaled_lr(base_lr, global_batch, base_batch, "linear") * f
 
 
-@code_exercise("linear_warmup_schedule")
+def _lr_at_solution(step, base_lr, base_batch, global_batch, warmup_steps):
+    """The lr of (0-based) ``step``, as a learner writes it."""
+    target = base_lr * global_batch / base_batch         # the linear scaling rule
+    if warmup_steps <= 0:
+        return target
+    return target * min(1.0, (step + 1) / warmup_steps)
+
+
+@code_exercise("linear_warmup_schedule", solution=_lr_at_solution, mistakes=[
+    (_from_zero, "step 0 already trains"), (_no_warmup, "the warmup is missing"),
+    (_sqrt_rule, "the square-root rule"), (_inverted, "the ratio is upside down"),
+    (_from_base_lr, "you ramp from base_lr"), (_never_ends, "cap (step + 1) / warmup_steps")])
 def check_linear_warmup_schedule(fn) -> Verdict:
     """``fn(step, base_lr, base_batch, global_batch, warmup_steps)`` -> the lr of (0-based) ``step``."""
     def table(f):

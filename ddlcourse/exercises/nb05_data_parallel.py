@@ -1,5 +1,9 @@
-"""Exercises of notebooks/05_data_parallel.ipynb."""
-from ddlcourse.selfcheck import code_exercise, diagnose, exercise
+"""Exercises of notebooks/05_data_parallel.ipynb and labs/01_maize.ipynb (which trains with the learner's MyDDP)."""
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
 @exercise("global_batch", "every rank processes its own micro-batch in each step")
@@ -59,7 +63,15 @@ def _grads_with_hook(hook, seed: int = 5):
     return flat.numpy()
 
 
-@code_exercise("average_grad_hook", distributed=True)
+def _average_grad_hook_solution(p):
+    """p.grad <- mean of p.grad over the ranks, in place."""
+    import torch.distributed as tdist
+    tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
+    p.grad.div_(tdist.get_world_size())
+
+
+@code_exercise("average_grad_hook", distributed=True, solution=_average_grad_hook_solution, ranks=(2, 3), mistakes=[
+    (_hook_sum, "you summed the gradients"), (_hook_local, "never communicated"), (_hook_params, "p.data")])
 def check_average_grad_hook(fn, **_):
     """On every rank: ``fn(p)``, registered as each parameter's post-accumulate-grad hook, must leave the same
     gradients (and parameters) as ``data_parallel.average_grad_hook``."""
@@ -78,3 +90,306 @@ def check_average_grad_hook(fn, **_):
     }
     return diagnose(_grads_with_hook(fn), ref, mistakes, rtol=1e-10, atol=1e-12,
                     what=f"rank {dist.rank()}'s gradients and parameters after backward")
+
+
+# --------------------------------------------------------------------------- build it: DDP from scratch
+class MyDDP(torch.nn.Module):
+    """Data parallelism the way DDP does it: broadcast, buckets, hooks that start an asynchronous allreduce
+    per full bucket during backward, and a wait for all of them before the optimizer steps."""
+
+    def __init__(self, module, bucket_cap_mb=25, group=None):
+        super().__init__()
+        self.module, self.group = module, group
+        self.world = tdist.get_world_size(group)
+        params = [p for p in module.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for p in params:                                  # every rank starts from rank 0's parameters
+                tdist.broadcast(p.data, src=0, group=group)
+        cap = bucket_cap_mb * 1024 * 1024                     # bytes
+        self.buckets, bucket, size = [], [], 0
+        for p in reversed(params):                            # backward makes the last layers' gradients first
+            bucket.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:                                            # the last bucket, not full
+            self.buckets.append(bucket)
+        self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+        self.ready = [0] * len(self.buckets)
+        self.pending = {}                                     # bucket -> (handle, flat buffer)
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _grad_ready(self, p):
+        i = self.bucket_of[p]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets[i]):             # the bucket is full: start its allreduce
+            self._launch(i)
+
+    def _launch(self, i):
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                          for p in self.buckets[i]])
+        self.pending[i] = (tdist.all_reduce(flat, group=self.group, async_op=True), flat)
+
+    def finish_gradient_synchronization(self):
+        for i in range(len(self.buckets)):
+            if i not in self.pending:                         # a parameter got no gradient: send zeros for it
+                self._launch(i)
+        for i, (handle, flat) in self.pending.items():
+            handle.wait()
+            flat /= self.world
+            offset = 0
+            for p in self.buckets[i]:
+                if p.grad is not None:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+
+
+def _ddp_variant(broadcast=True, mean=True, wait_in_hook=False, launch_in_hook=True, last_bucket=True,
+                 zeros_for_unused=True):
+    """MyDDP with one typical mistake (each flag off, or on, gives one)."""
+
+    class Variant(torch.nn.Module):
+        def __init__(self, module, bucket_cap_mb=25, group=None):
+            super().__init__()
+            self.module, self.group = module, group
+            self.world = tdist.get_world_size(group)
+            params = [p for p in module.parameters() if p.requires_grad]
+            if broadcast:
+                with torch.no_grad():
+                    for p in params:
+                        tdist.broadcast(p.data, src=0, group=group)
+            cap = bucket_cap_mb * 1024 * 1024
+            self.buckets, bucket, size = [], [], 0
+            for p in reversed(params):
+                bucket.append(p)
+                size += p.numel() * p.element_size()
+                if size >= cap:
+                    self.buckets.append(bucket)
+                    bucket, size = [], 0
+            if bucket and last_bucket:
+                self.buckets.append(bucket)
+            self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+            self.ready = [0] * len(self.buckets)
+            self.pending = {}
+            for p in self.bucket_of:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+        def _grad_ready(self, p):
+            i = self.bucket_of[p]
+            self.ready[i] += 1
+            if self.ready[i] == len(self.buckets[i]) and launch_in_hook:
+                self._launch(i)
+                if wait_in_hook:
+                    self.pending[i][0].wait()
+
+        def _launch(self, i):
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                              for p in self.buckets[i]])
+            self.pending[i] = (tdist.all_reduce(flat, group=self.group, async_op=True), flat)
+
+        def finish_gradient_synchronization(self):
+            for i in range(len(self.buckets)):
+                if i not in self.pending and (zeros_for_unused or not launch_in_hook):
+                    self._launch(i)
+            for i, (handle, flat) in self.pending.items():
+                handle.wait()
+                if mean:
+                    flat /= self.world
+                offset = 0
+                for p in self.buckets[i]:
+                    if p.grad is not None:
+                        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            self.pending.clear()
+            self.ready = [0] * len(self.buckets)
+
+    return Variant
+
+
+_DDP_NO_BROADCAST = "the ranks start from different parameters"
+_DDP_SUM = "you summed the gradients"
+_DDP_EARLY = "waits for its bucket's allreduce during backward"
+_DDP_NOT_IN_HOOK = "no allreduce starts during backward"
+_DDP_UNFLUSHED = "were never all-reduced"
+_DDP_UNUSED = "gets no gradient"
+_DDP_CAP_MB = 0.0006        # ~600 bytes: the checker's models (float64) make 3 buckets, the last one not full
+
+
+class _AllReduceSpy:
+    """Sees, without changing them, the calls of ``torch.distributed.all_reduce`` made while it is on: whether
+    each one was started during backward, asynchronously, and when its handle was waited for."""
+
+    def __init__(self):
+        self.in_backward = False
+        self.launched, self.blocking, self.early_waits = [], 0, 0
+
+    def __enter__(self):
+        spy, self.real = self, tdist.all_reduce
+
+        class Handle:
+            def __init__(self, work):
+                self._work = work
+
+            def wait(self, *a, **k):
+                spy.early_waits += spy.in_backward
+                return self._work.wait(*a, **k)
+
+            def __getattr__(self, name):
+                return getattr(self._work, name)
+
+        def all_reduce(tensor, *a, async_op=False, **k):
+            spy.launched.append(spy.in_backward)
+            spy.blocking += spy.in_backward and not async_op
+            work = spy.real(tensor, *a, async_op=async_op, **k)
+            return Handle(work) if async_op else work
+
+        tdist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        tdist.all_reduce = self.real
+
+
+def _ddp_mlp(seed, device):
+    torch.manual_seed(seed)
+    L = torch.nn.Linear
+    return torch.nn.Sequential(L(6, 8), torch.nn.Tanh(), L(8, 8), torch.nn.Tanh(), L(8, 8), torch.nn.Tanh(),
+                               L(8, 3)).to(device=device, dtype=torch.float64)
+
+
+class _TwoHeads(torch.nn.Module):
+    """A body and two heads; forward uses head a only, so head b's parameters get no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.a(torch.tanh(self.body(x)))
+
+
+def _two_heads(seed, device):
+    torch.manual_seed(seed)
+    return _TwoHeads().to(device=device, dtype=torch.float64)
+
+
+def _ddp_train(make_model, fn, X, y, steps, global_batch, r, n, seed, spy=None):
+    """Train ``make_model`` (seeded per rank) wrapped in ``fn`` (None: serial, on the whole global batch) with
+    SGD + momentum. Returns (parameters after construction, gradients of step 0, final parameters)."""
+    model = make_model(seed)
+    net = fn(model, bucket_cap_mb=_DDP_CAP_MB, group=None) if fn is not None else model
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads0 = None
+    for step in range(steps):
+        idx = torch.arange(global_batch) + step * global_batch
+        mine = idx[r::n]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(X[mine]), y[mine])
+        if spy is not None:
+            spy.in_backward = True
+        loss.backward()
+        if spy is not None:
+            spy.in_backward = False
+        if fn is not None:
+            net.finish_gradient_synchronization()
+        if step == 0:
+            grads0 = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+    return start, grads0, [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a, b, tol=1e-9):
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=tol, atol=tol))
+
+
+def _agree_across_ranks(tensors) -> bool:
+    from mpi4py import MPI
+    flat = torch.cat([t.flatten() for t in tensors]).cpu().numpy()
+    every = MPI.COMM_WORLD.allgather(flat)
+    return all(np.allclose(e, every[0], rtol=1e-12, atol=1e-12) for e in every)
+
+
+@code_exercise("my_ddp", distributed=True, solution=MyDDP, ranks=(2, 3), mistakes=[
+    (_ddp_variant(broadcast=False), _DDP_NO_BROADCAST),
+    (_ddp_variant(mean=False), _DDP_SUM),
+    (_ddp_variant(wait_in_hook=True), _DDP_EARLY),
+    (_ddp_variant(launch_in_hook=False), _DDP_NOT_IN_HOOK),
+    (_ddp_variant(last_bucket=False), _DDP_UNFLUSHED),
+    (_ddp_variant(zeros_for_unused=False), _DDP_UNUSED),
+])
+def check_my_ddp(fn, **_):
+    """On every rank: ``fn(module, bucket_cap_mb, group)`` wraps a 4-layer MLP (float64, 3 buckets of ~600 bytes,
+    the last not full), trains 3 steps of SGD + momentum on this rank's share of a global batch of 12, and must
+    end at the serial parameters; then again on a model with a head that gets no gradient."""
+    from ddlcourse import dist
+
+    info = dist.init(horovod=False)
+    r, n, dev = info.rank, info.world_size, info.device
+    steps, gb = 3, 12
+    g = torch.Generator().manual_seed(21)
+    X = torch.randn(steps * gb, 6, generator=g, dtype=torch.float64).to(dev)
+    y = torch.randint(0, 3, (steps * gb,), generator=g).to(dev)
+    seed0 = dist.seed_for_rank(7, 0)
+    serial = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, steps, gb, 0, 1, seed0)
+    local = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, 1, gb, r, n, seed0)   # this rank's share, alone
+    with _AllReduceSpy() as spy:
+        start, grads0, final = _ddp_train(lambda s: _ddp_mlp(s, dev), fn, X, y, steps, gb, r, n,
+                                          dist.seed_for_rank(7, r), spy)
+    if not (_agree_across_ranks(start) and all(_same(a, b) for a, b in zip(start, serial[0]))):
+        return Verdict(False, f"{_DDP_NO_BROADCAST}: broadcast rank 0's parameters in __init__ "
+                              "(tdist.broadcast(p.data, src=0, group=group)), since each rank initialised its own")
+    kinds = []
+    for got, ref, loc in zip(grads0, serial[1], local[1]):
+        kinds.append("ok" if _same(got, ref) else "sum" if got is not None and _same(got, n * ref)
+                     else "local" if _same(got, loc) else "other")
+    if all(k == "sum" for k in kinds):
+        return Verdict(False, f"{_DDP_SUM} over the ranks: divide each bucket by the world size after its "
+                              "allreduce (the mean gradient is the gradient of the global batch)")
+    if "local" in kinds:
+        return Verdict(False, f"the gradients of {kinds.count('local')} of the {len(kinds)} parameters {_DDP_UNFLUSHED}"
+                              " (they are this rank's own): every parameter must sit in a bucket whose allreduce "
+                              "runs; is the last bucket, the one that never gets full, launched too?")
+    if "other" in kinds:
+        err = max(float((a - b).abs().max()) for a, b, k in zip(grads0, serial[1], kinds)
+                  if k == "other" and a is not None)
+        return Verdict(False, f"after finish_gradient_synchronization the gradients of {kinds.count('other')} "
+                              f"parameters differ from the serial gradient of the global batch by up to {err:.3g}")
+    if not all(_same(a, b) for a, b in zip(final, serial[2])):
+        return Verdict(False, f"the first step is right, but after {steps} steps the parameters differ from the "
+                              "serial ones: reset the per-bucket counts and the pending handles in "
+                              "finish_gradient_synchronization, ready for the next backward")
+    if spy.launched and (spy.early_waits or spy.blocking):
+        return Verdict(False, f"your hook {_DDP_EARLY} (or starts it with async_op=False): start it with "
+                              "async_op=True, keep the handle and wait in finish_gradient_synchronization, so that "
+                              "communication overlaps the rest of backward")
+    if spy.launched and not any(spy.launched):
+        return Verdict(False, f"{_DDP_NOT_IN_HOOK}: the hook must start a bucket's allreduce as soon as its last "
+                              "gradient is ready, not finish_gradient_synchronization")
+    serial2 = _ddp_train(lambda s: _two_heads(s, dev), None, X, y, 2, gb, 0, 1, seed0)
+    # The head is unused on every rank, so every rank starts the same allreduces whatever the class does: a class
+    # that ignores it leaves a bucket unreduced (the ranks drift apart), it cannot deadlock the check.
+    advice = ("its hook never runs, so its bucket never gets full. In finish_gradient_synchronization, start every "
+              "bucket that backward did not, with zeros for the missing gradients (what find_unused_parameters=True "
+              "does in DDP)")
+    try:
+        _, _, final2 = _ddp_train(lambda s: _two_heads(s, dev), fn, X, y, 2, gb, r, n, dist.seed_for_rank(7, r))
+    except Exception as e:                  # e.g. waiting for the handle of a bucket that was never started
+        return Verdict(False, f"with a parameter that {_DDP_UNUSED} (a head that forward does not use) your class "
+                              f"raised {type(e).__name__}: {e}. The parameter's {advice}")
+    if not (all(_same(a, b) for a, b in zip(final2, serial2[2])) and _agree_across_ranks(final2)):
+        return Verdict(False, f"with a parameter that {_DDP_UNUSED} (a head that forward does not use) training "
+                              f"goes wrong: {advice}")
+    return Verdict(True)

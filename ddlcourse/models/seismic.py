@@ -28,10 +28,10 @@ class ConvReLU(nn.Module):
         self.conv = (nn.Conv2d if ndim == 2 else nn.Conv3d)(c_in, c_out, 3, padding=1)
         self._spatial = ()               # a tuple, so the wrapper is not a second registered copy of conv
 
-    def set_spatial(self, group) -> None:
+    def set_spatial(self, group, exchange=None) -> None:
         from ddlcourse.parallel.spatial import SpatialConv2d, SpatialConv3d
         wrap = SpatialConv2d if isinstance(self.conv, nn.Conv2d) else SpatialConv3d
-        self._spatial = () if group is None else (wrap(self.conv, dim=2, group=group),)
+        self._spatial = () if group is None else (wrap(self.conv, dim=2, group=group, exchange=exchange),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         conv = self._spatial[0] if self._spatial else self.conv    # same weights either way
@@ -62,11 +62,12 @@ class UNet(nn.Module):
         self.dec = nn.ModuleList([block(2 * ch[i], ch[i]) for i in reversed(range(levels))])
         self.head = Head(ch[0], n_classes, 1)
 
-    def set_spatial(self, group) -> "UNet":
-        """Split the depth axis across the ranks of ``group`` (``None``: back to one rank)."""
+    def set_spatial(self, group, exchange=None) -> "UNet":
+        """Split the depth axis across the ranks of ``group`` (``None``: back to one rank). ``exchange``: a halo
+        exchange ``(x, halo, rank, world, send, recv)`` to use (see ``spatial.halo_exchange``), e.g. a learner's."""
         for m in self.modules():
             if isinstance(m, ConvReLU):
-                m.set_spatial(group)
+                m.set_spatial(group, exchange)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, in_ch, depth, ...)

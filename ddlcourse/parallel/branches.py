@@ -69,6 +69,7 @@ class BranchParallel:
     mp_group: object = None        # the ranks of this replica
     events: list[Event] = field(default_factory=list)
     device: object = None
+    head_step: object = None       # optional: the head's messages of one micro-batch, written by a learner (lab 4)
 
     def __post_init__(self):
         if self.device is None:
@@ -94,6 +95,28 @@ class BranchParallel:
 
     def _log(self, kind, micro, t0):
         self.events.append(Event(tdist.get_rank(), kind, micro, t0, self._now()))
+
+    def _learners_head_step(self, m, rows, feats_out, target, loss_fn, scale, pending, keep):
+        """``head_step(head, feats, target, loss_fn, scale, send, recv)`` on micro-batch ``m``: ``feats`` has,
+        per branch, its features if this rank computed them, else the global rank to receive them from."""
+        feats = [feats_out[(m, br)] if owner == self.mp_index else int(self.mp_ranks[owner])
+                 for br, owner in enumerate(self.owners)]
+        width = self.model.head.mlp[0].in_features // len(self.owners)
+        t0 = [self._now()]
+
+        def recv(src):
+            buf = torch.empty(rows, width, device=self.device)
+            tdist.recv(buf, int(src))
+            t0[0] = self._now()              # H starts when the last block has arrived, as in step
+            return buf
+
+        def send(t, dst):
+            keep.append(t.detach().contiguous())
+            pending.append(tdist.isend(keep[-1], int(dst)))
+
+        loss = self.head_step(self.model.head, feats, target, loss_fn, scale, send, recv)
+        self._log("H", m, t0[0])
+        return loss.detach().reshape(())
 
     def step(self, video: torch.Tensor, target: torch.Tensor, loss_fn, micro_batches: int = 1) -> float:
         """Forward and backward of one replica batch; gradients are left in ``.grad`` (averaged over dp).
@@ -122,6 +145,10 @@ class BranchParallel:
         # 2) the head: per micro-batch, gather features, loss, backward, send feature gradients back
         if self.has_head:
             for m in range(micro_batches):
+                if self.head_step is not None:   # the same messages, in the learner's head_step (lab 4)
+                    total += self._learners_head_step(m, vids[m].shape[0], feats_out, tgts[m], loss_fn, b,
+                                                      pending, keep)
+                    continue
                 parts = []
                 for br, owner in enumerate(self.owners):
                     if owner == self.mp_index:

@@ -21,7 +21,7 @@ function whose backward sends the gradient the other way round the ring.
 
 **Causal imbalance.** With a contiguous split, rank 0 holds the first tokens: its queries see only its own
 block, while the last rank's queries see all ``cp`` blocks. Blocks entirely in the future are skipped (a rank
-works in half-blocks), so rank ``r`` computes ``(r + 3/4)`` blocks of scores: the last does ``(4cp-3)/3`` times
+works in half-blocks), so rank ``r`` computes ``(r + 3/4)`` blocks of scores: the last does ``(4cp-1)/3`` times
 the work of the first. The *zig-zag* split cuts the sequence into
 ``2cp`` chunks and gives rank ``r`` chunks ``r`` and ``2cp-1-r``: an early and a late chunk, the same work
 on every rank. Both layouts run the same code: the positions travel with the blocks.

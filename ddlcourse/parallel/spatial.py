@@ -69,10 +69,37 @@ def _exchange(send_left, send_right, dim, halo, group):
     return from_left, from_right
 
 
+def _exchange_with(exchange, x, halo, dim, group):
+    """``x`` padded along ``dim`` by ``exchange(x, halo, rank, world, send, recv)``, a halo exchange written
+    along dim 2 with point-to-point ``send(t, dst)`` (non-blocking) and ``recv(src)`` (notebook 12's exercise;
+    lab 2 trains with the learner's), run over ``group``."""
+    r, n, g = _group_info(group)
+    xd = x.movedim(dim, 2)
+    shape = list(xd.shape)
+    shape[2] = halo
+    pending = []
+
+    def send(t, dst):
+        t = t.contiguous()
+        pending.append((tdist.isend(t, g(dst), group), t))     # keep the buffer alive until it is sent
+
+    def recv(src):
+        buf = torch.empty(shape, dtype=x.dtype, device=x.device)
+        tdist.recv(buf, g(src), group)
+        return buf
+
+    out = exchange(xd, halo, r, n, send, recv)
+    for req, _ in pending:
+        req.wait()
+    return out.movedim(2, dim)
+
+
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, halo, dim, group):
-        ctx.halo, ctx.dim, ctx.group = halo, dim, group
+    def forward(ctx, x, halo, dim, group, exchange=None):
+        ctx.halo, ctx.dim, ctx.group, ctx.exchange = halo, dim, group, exchange
+        if exchange is not None:
+            return _exchange_with(exchange, x, halo, dim, group)
         L = x.shape[dim]
         # my first rows go left (they are the left neighbour's right halo), my last rows go right
         left_halo, right_halo = _exchange(x.narrow(dim, 0, halo), x.narrow(dim, L - halo, halo), dim, halo, group)
@@ -84,17 +111,25 @@ class _HaloExchange(torch.autograd.Function):
         L = g.shape[dim] - 2 * h
         gx = g.narrow(dim, h, L).clone()
         # the gradient of my halos belongs to the neighbours' edge rows: send it back, add what comes to me
-        from_left, from_right = _exchange(g.narrow(dim, 0, h), g.narrow(dim, h + L, h), dim, h, ctx.group)
+        if ctx.exchange is not None:
+            # the forward exchange moves exactly that: my first h rows of g (my upper halo's gradient) go to the
+            # rank above, my last h rows to the rank below, and what they send pads g on either side
+            padded = _exchange_with(ctx.exchange, g, h, dim, ctx.group)
+            from_left, from_right = padded.narrow(dim, 0, h), padded.narrow(dim, L + 3 * h, h)
+        else:
+            from_left, from_right = _exchange(g.narrow(dim, 0, h), g.narrow(dim, h + L, h), dim, h, ctx.group)
         gx.narrow(dim, 0, h).add_(from_left)
         gx.narrow(dim, L - h, h).add_(from_right)
-        return gx, None, None, None
+        return gx, None, None, None, None
 
 
-def halo_exchange(x: torch.Tensor, halo: int, dim: int, group=None) -> torch.Tensor:
+def halo_exchange(x: torch.Tensor, halo: int, dim: int, group=None, exchange=None) -> torch.Tensor:
     """Pad the local slab ``x`` with ``halo`` slices of each neighbour along ``dim`` (zeros at global edges).
 
     Differentiable: backward sends the halo gradients back to the ranks that own those slices.
-    The local size along ``dim`` must be at least ``halo``.
+    The local size along ``dim`` must be at least ``halo``. ``exchange``: an exchange written as
+    ``exchange(x, halo, rank, world, send, recv)`` along dim 2 (notebook 12's exercise) to use for the
+    communication, forward and backward, instead of the package's.
     """
     dim = dim % x.dim()
     if halo < 0:
@@ -104,7 +139,7 @@ def halo_exchange(x: torch.Tensor, halo: int, dim: int, group=None) -> torch.Ten
     if x.shape[dim] < halo:
         raise ValueError(f"local size {x.shape[dim]} along dim {dim} is smaller than the halo {halo}; "
                          "use fewer ranks or a larger input")
-    return _HaloExchange.apply(x, halo, dim, group)
+    return _HaloExchange.apply(x, halo, dim, group, exchange)
 
 
 # --------------------------------------------------------------------------- convolutions
@@ -117,7 +152,7 @@ class SpatialConv(nn.Module):
 
     conv_type: type = nn.Conv2d
 
-    def __init__(self, conv: nn.Module, dim: int = 2, group=None):
+    def __init__(self, conv: nn.Module, dim: int = 2, group=None, exchange=None):
         super().__init__()
         if not isinstance(conv, self.conv_type):
             raise ValueError(f"{type(self).__name__} wraps an {self.conv_type.__name__}, got {type(conv).__name__}")
@@ -134,14 +169,14 @@ class SpatialConv(nn.Module):
         same = tuple(d * (ki - 1) // 2 for d, ki in zip(conv.dilation, k))
         if conv.padding != "same" and tuple(conv.padding) != same:
             raise ValueError(f"conv must be 'same'-padded: padding={same} or 'same', got {conv.padding}")
-        self.conv, self.dim, self.group = conv, dim, group
+        self.conv, self.dim, self.group, self.exchange = conv, dim, group, exchange   # exchange: see halo_exchange
         self.halo = same[dim - 2]
         pad = list(same)
         pad[dim - 2] = 0                                 # the halo replaces the padding along the split axis
         self._padding = tuple(pad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, C, ..., L_local, ...)
-        xh = halo_exchange(x, self.halo, self.dim, self.group)          # L_local + 2*halo along dim
+        xh = halo_exchange(x, self.halo, self.dim, self.group, self.exchange)   # L_local + 2*halo along dim
         c = self.conv
         fn = F.conv2d if c.weight.dim() == 4 else F.conv3d
         return fn(xh, c.weight, c.bias, 1, self._padding, c.dilation, c.groups)   # L_local along dim
