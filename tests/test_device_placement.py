@@ -64,6 +64,7 @@ NO_TENSORS = {
     "check_against_mpi": "NumPy buffers through mpi4py (host memory)",
     "sweep_on": "NumPy buffers through mpi4py (host memory)",
     "fusion_demo": "NumPy buffers through mpi4py (host memory)",
+    "time_mine_vs_mpi": "the learner's ring allreduce and MPI_Allreduce on NumPy buffers (host memory)",
 }
 
 
