@@ -731,7 +731,13 @@ class MPICluster:
         ``fn`` should be importable (a function from ``ddlcourse``) rather than defined in a cell.
         """
         self._need()
-        ar = self._view.apply_async(fn, *args, **kwargs)
+        try:
+            ar = self._view.apply_async(fn, *args, **kwargs)
+        except Exception:  # KeyError or NoEnginesRegistered: the client took in the hub's notice of a death
+            gone = self._dead_engines()
+            if gone:
+                raise ClusterError(gone) from None
+            raise
         while True:
             try:
                 return ar.get(timeout=0.5)

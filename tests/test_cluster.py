@@ -110,6 +110,22 @@ def test_exception_inside_with_block_still_stops():
         c.view
 
 
+def test_a_rank_killed_before_the_call_is_named_not_a_key_error():
+    """Once the client has taken in the hub's notice that an engine died, ipyparallel raises KeyError while
+    building the targets (NoEnginesRegistered once mpiexec took the other rank down with it); run names the dead
+    rank instead (this raced in the two-node test)."""
+    from ddlcourse import dist
+    with MPICluster(n=2, quiet=True) as c:
+        victim = c.ranks[-1]
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = time.time() + 20
+        while time.time() < deadline and victim.engine_id in c.client.ids:
+            time.sleep(0.2)
+        assert victim.engine_id not in c.client.ids, "the hub never noticed the dead engine"
+        with pytest.raises(ClusterError, match=f"engine.s. gone: .*rank {victim.rank} on .*pid {victim.pid}"):
+            c.run(dist.rank)
+
+
 def test_oversubscription_warns_and_four_ranks_form_one_world():
     if cluster.available_cores() >= 4:
         pytest.skip("needs fewer than 4 cores to oversubscribe")
