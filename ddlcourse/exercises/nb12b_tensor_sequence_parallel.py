@@ -1,105 +1,9 @@
 """Exercises of notebooks/12b_tensor_sequence_parallel.ipynb."""
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
-
-
-def _inputs(r, t):
-    """This rank's partial output of a row-parallel layer: (batch, seq, dim)."""
-    import torch
-
-    g = torch.Generator().manual_seed(40 + r)
-    n = 2 * t
-    return torch.randn(n, n, 3, generator=g, dtype=torch.float64)
-
-
-def _gathered(x):
-    """Every rank's ``x`` (collective), in rank order."""
-    import torch
-    import torch.distributed as tdist
-
-    parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(parts, x.contiguous())
-    return parts
-
-
-# typical mistakes (each returns what that wrong code would give on this rank)
-def _no_sum(x, group=None):
-    import torch.distributed as tdist
-    return x.chunk(tdist.get_world_size(group), 1)[tdist.get_rank(group)]
-
-
-def _wrong_dim(x, group=None):
-    import torch.distributed as tdist
-    total = sum(_gathered(x))
-    return total.chunk(tdist.get_world_size(group), 0)[tdist.get_rank(group)]
-
-
-def _mean(x, group=None):
-    import torch.distributed as tdist
-    t = tdist.get_world_size(group)
-    return (sum(_gathered(x)) / t).chunk(t, 1)[tdist.get_rank(group)]
-
-
-def _wrong_chunk(x, group=None):
-    import torch.distributed as tdist
-    t, r = tdist.get_world_size(group), tdist.get_rank(group)
-    return sum(_gathered(x)).chunk(t, 1)[(r + 1) % t]
-
-
-
-def check_reduce_scatter(fn, **_):
-    """On every rank: ``fn(partial, group) -> this rank's slice, along the sequence (dim 1), of the sum of every
-    rank's ``partial``, against :func:`ddlcourse.parallel.sequence.reduce_scatter_seq`."""
-    from ddlcourse import dist
-    from ddlcourse.parallel import sequence
-
-    dist.init(horovod=False)
-    r, t = dist.rank(), dist.world_size()
-    x = _inputs(r, t)
-    ref = np.asarray(sequence.reduce_scatter_seq(x.clone(), None))
-    ans = fn(x.clone(), None)
-    ans = np.asarray(ans.detach() if hasattr(ans, "detach") else ans, dtype=float)
-    # every rank computes every wrong variant (they are collectives) before any verdict
-    wrong_dim = np.asarray(_wrong_dim(x.clone()))
-    mistakes = {
-        "you sliced without summing: the row layer's outputs are partial sums, reduce them over the ranks first":
-            np.asarray(_no_sum(x.clone())),
-        "you averaged the partial outputs: a row-parallel layer's partials add up to the output, sum them":
-            np.asarray(_mean(x.clone())),
-        "you kept another rank's slice: rank r keeps chunk r of the sequence": np.asarray(_wrong_chunk(x.clone())),
-    }
-    if ans.shape == tuple(x.shape) and t > 1:
-        return Verdict(False, "you returned the whole sum (an all-reduce): keep only this rank's slice of the "
-                              "sequence, chunk `rank` of dim 1 -- that is what sequence parallelism saves")
-    if ans.shape == wrong_dim.shape != ref.shape and np.allclose(ans, wrong_dim):
-        return Verdict(False, "you split along the batch (dim 0): sequence parallelism splits the sequence, dim 1")
-    return diagnose(ans, np.asarray(ref), mistakes,
-                    what="this rank's slice of the summed output")
-
-
-def reduce_scatter_seq(partial, group=None):
-    """partial: (batch, seq, dim), this rank's partial sum. Return (batch, seq/t, dim): my tokens of the sum."""
-    import torch
-    import torch.distributed as tdist
-    t = tdist.get_world_size(group)
-    chunks = [c.contiguous() for c in partial.chunk(t, dim=1)]    # chunk i: the tokens of rank i
-    out = torch.empty_like(chunks[0])
-    tdist.reduce_scatter(out, chunks, group=group)                 # rank r receives the sum of every chunk r
-    return out
-
-
-def _all_reduce_only(x, group=None):
-    import torch.distributed as tdist
-    x = x.clone()
-    tdist.all_reduce(x, group=group)
-    return x
-
-
-code_exercise("sp_reduce_scatter", distributed=True, solution=reduce_scatter_seq, ranks=(2, 3), mistakes=[
-    (_no_sum, "without summing"), (_mean, "averaged"), (_wrong_chunk, "another rank"), (_wrong_dim, "dim 0"),
-    (_all_reduce_only, "whole sum")])(check_reduce_scatter)
 
 
 # --------------------------------------------------------------------------- build it: the tensor-parallel MLP
@@ -257,4 +161,194 @@ def check_tp_mlp(cls, **_) -> Verdict:
     mistakes = {h: run(_tp_variant(kind)) for kind, h in _TP_HINTS.items()}
     v = diagnose(ans, ref, mistakes, rtol=1e-5, atol=1e-6,   # float32 shards pass too
                  what=f"rank {r}'s output, input gradient and shard gradients")
+    return _agreed(v)
+
+
+# --------------------------------------------------------------------------- build it: the sequence-parallel MLP
+class SPMLP(torch.nn.Module):
+    """The sub-block x + fc2(gelu(fc1(ln(x)))) under tensor + sequence parallelism (Megatron-LM; Korthikanti et
+    al. 2022). ``x``: (batch, s/t, dim), this rank's tokens (chunk ``rank`` of the sequence). The norm runs on my
+    tokens with its whole weights; ``GatherSeq`` (all-gather the sequence forward, reduce-scatter the gradient
+    backward) feeds the column layer; ``ScatterSeq`` (reduce-scatter forward, all-gather backward) follows the row
+    layer's product; fc2's bias and the residual are added on my tokens. ``sync_grads`` sums over the ranks the
+    gradients of the weights that saw only my tokens: the norm's and fc2's bias."""
+
+    @staticmethod
+    def _gather(x):                                        # every rank's tokens, in rank order (dim 1)
+        parts = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def _scatter(x):                                       # the sum over the ranks, my chunk of the sequence
+        chunks = [c.contiguous() for c in x.chunk(tdist.get_world_size(), dim=1)]
+        out = torch.empty_like(chunks[0])
+        tdist.reduce_scatter(out, chunks)
+        return out
+
+    class GatherSeq(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return SPMLP._gather(x)
+
+        @staticmethod
+        def backward(ctx, grad):                           # every rank's hidden features read my tokens
+            return SPMLP._scatter(grad)
+
+    class ScatterSeq(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return SPMLP._scatter(x)
+
+        @staticmethod
+        def backward(ctx, grad):                           # my partial sum reached every rank's tokens
+            return SPMLP._gather(grad)
+
+    def __init__(self, ln, fc1, fc2, rank, world):
+        super().__init__()
+        k = fc1.out_features // world
+        mine = slice(rank * k, (rank + 1) * k)
+        kw = dict(dtype=fc1.weight.dtype, device=fc1.weight.device)
+        self.ln = torch.nn.LayerNorm(ln.normalized_shape, eps=ln.eps, **kw)
+        self.fc1 = torch.nn.Linear(fc1.in_features, k, **kw)
+        self.fc2 = torch.nn.Linear(k, fc2.out_features, **kw)
+        with torch.no_grad():
+            self.ln.load_state_dict(ln.state_dict())         # whole on every rank
+            self.fc1.weight.copy_(fc1.weight[mine])
+            self.fc1.bias.copy_(fc1.bias[mine])
+            self.fc2.weight.copy_(fc2.weight[:, mine])
+            self.fc2.bias.copy_(fc2.bias)
+
+    def forward(self, x):
+        h = self.GatherSeq.apply(self.ln(x))               # (batch, s, dim) on every rank
+        h = torch.nn.functional.gelu(self.fc1(h))          # my hidden features of every token
+        y = self.ScatterSeq.apply(torch.nn.functional.linear(h, self.fc2.weight))
+        return x + y + self.fc2.bias                       # my tokens: the bias once, after the sum
+
+    def sync_grads(self):
+        for p in (self.ln.weight, self.ln.bias, self.fc2.bias):   # they saw only my tokens
+            tdist.all_reduce(p.grad)
+
+
+def _sp_variant(kind: str):
+    """SPMLP with one typical mistake: ``gather_bwd_slice`` (the all-gather's backward keeps my chunk of the
+    gradient instead of reduce-scattering it), ``scatter_bwd_mine`` (the reduce-scatter's backward puts my tokens'
+    gradient in my chunk and zeros elsewhere instead of all-gathering), ``no_sync`` (no all-reduce of the
+    token-wise weights' gradients), ``sync_mean`` (averaged instead of summed), ``bias_before`` (fc2's bias added
+    before the reduce-scatter)."""
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return SPMLP._gather(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if kind == "gather_bwd_slice":
+                return grad.chunk(tdist.get_world_size(), 1)[tdist.get_rank()].contiguous()
+            return SPMLP._scatter(grad)
+
+    class Scatter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return SPMLP._scatter(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if kind == "scatter_bwd_mine":
+                t, r = tdist.get_world_size(), tdist.get_rank()
+                full = [torch.zeros_like(grad) for _ in range(t)]
+                full[r] = grad
+                return torch.cat(full, 1)
+            return SPMLP._gather(grad)
+
+    class Variant(SPMLP):
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.fc1(Gather.apply(self.ln(x))))
+            if kind == "bias_before":
+                return x + Scatter.apply(self.fc2(h))
+            return x + Scatter.apply(torch.nn.functional.linear(h, self.fc2.weight)) + self.fc2.bias
+
+        def sync_grads(self):
+            if kind == "no_sync":
+                return
+            super().sync_grads()
+            if kind == "sync_mean":
+                for p in (self.ln.weight, self.ln.bias, self.fc2.bias):
+                    p.grad /= tdist.get_world_size()
+
+    Variant.__name__ = Variant.__qualname__ = f"SPMLP_{kind}"
+    return Variant
+
+
+_SP_HINTS = {
+    "gather_bwd_slice": "the all-gather's backward kept only this rank's chunk of the gradient: every rank's "
+                        "hidden features read my tokens, so the gradient of my tokens is a sum over the ranks -- "
+                        "reduce-scatter it",
+    "scatter_bwd_mine": "the reduce-scatter's backward gave my partial sum the gradient of my tokens only: it went "
+                        "into every rank's tokens, so all-gather the gradient",
+    "no_sync": "the norm's weights and fc2's bias saw only my tokens, so their gradients are partial sums: "
+               "sync_grads must all-reduce them",
+    "sync_mean": "sync_grads averaged the token-wise gradients: the loss sums over every rank's tokens, so sum "
+                 "them (all-reduce without dividing)",
+    "bias_before": "you added fc2's bias before the reduce-scatter, so my tokens got it world times: add it once, "
+                   "after the sum",
+}
+
+
+@code_exercise("sp_mlp", distributed=True, solution=SPMLP, ranks=(2, 3),
+               mistakes=[(_sp_variant(k), h.split(":")[0].split(",")[0]) for k, h in _SP_HINTS.items()])
+def check_sp_mlp(cls, **_) -> Verdict:
+    """On every rank: ``cls(ln, fc1, fc2, rank, world)`` (see :class:`SPMLP`) on this rank's tokens must give the
+    serial sub-block's output and input gradient for those tokens; after ``sync_grads()`` the norm's and fc2's
+    bias gradients equal the serial ones and the shards' gradients equal the slices of the serial ones (with a
+    fixed weighted sum of the output as the loss)."""
+    import copy
+
+    from ddlcourse import dist
+    from ddlcourse.exercises.nb12_tensor_spatial_sharded import _agreed
+    info = dist.init(horovod=False)
+    r, t = tdist.get_rank(), tdist.get_world_size()
+    dim, k, per, batch = 6, 4, 2, 3                        # hidden = 4 * world, 2 tokens per rank
+    g = torch.Generator().manual_seed(43)
+    ln, fc1, fc2 = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, k * t), torch.nn.Linear(k * t, dim)
+    with torch.no_grad():
+        for q in [*ln.parameters(), *fc1.parameters(), *fc2.parameters()]:
+            q.copy_(torch.randn(q.shape, generator=g))
+    ln, fc1, fc2 = (m.to(info.device, torch.float64) for m in (ln, fc1, fc2))
+    x = torch.randn(batch, per * t, dim, generator=g, dtype=torch.float64).to(info.device)
+    wts = torch.randn(batch, per * t, dim, generator=g, dtype=torch.float64).to(info.device)
+    tok, hid = slice(r * per, (r + 1) * per), slice(r * k, (r + 1) * k)
+
+    def flat(*ts):
+        return np.concatenate([np.asarray(u.detach().cpu(), dtype=float).reshape(-1) for u in ts])
+
+    xs = x.clone().requires_grad_(True)
+    s0, s1, s2 = copy.deepcopy(ln), copy.deepcopy(fc1), copy.deepcopy(fc2)
+    y = xs + s2(torch.nn.functional.gelu(s1(s0(xs))))
+    (y * wts).sum().backward()
+    ref = flat(y[:, tok], xs.grad[:, tok], s0.weight.grad, s0.bias.grad, s1.weight.grad[hid], s1.bias.grad[hid],
+               s2.weight.grad[:, hid], s2.bias.grad)
+
+    def run(c):
+        m = c(copy.deepcopy(ln), copy.deepcopy(fc1), copy.deepcopy(fc2), r, t)
+        if not (isinstance(getattr(m, "ln", None), torch.nn.LayerNorm)
+                and all(isinstance(getattr(m, a, None), torch.nn.Linear) for a in ("fc1", "fc2"))):
+            return "keep the norm as self.ln (nn.LayerNorm) and the shards as self.fc1 and self.fc2 (nn.Linear)"
+        xi = x[:, tok].clone().requires_grad_(True)
+        out = m(xi)
+        if tuple(out.shape) != tuple(xi.shape):
+            return (f"your forward returned shape {tuple(out.shape)} for my tokens {tuple(xi.shape)}: the output "
+                    "stays on my tokens (the reduce-scatter keeps chunk `rank` of the sequence)")
+        (out * wts[:, tok]).sum().backward()
+        m.sync_grads()
+        params = (m.ln.weight, m.ln.bias, m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias)
+        return flat(out, *[u.grad if u.grad is not None else torch.zeros_like(u) for u in (xi, *params)])
+
+    ans = run(cls)
+    if isinstance(ans, str):
+        return _agreed(Verdict(False, ans))
+    mistakes = {h: run(_sp_variant(kind)) for kind, h in _SP_HINTS.items()}
+    v = diagnose(ans, ref, mistakes, rtol=1e-5, atol=1e-6,
+                 what=f"rank {r}'s output and input gradient on its tokens, and the parameters' gradients")
     return _agreed(v)
