@@ -131,11 +131,44 @@ class _Killed(Exception):
 
 
 _FT_STEPS, _FT_EVERY = 16, 4
-# per attempt: the step at which the job dies, or the save call (1, 2, ...) that dies half-way through the write
-_FT_ATTEMPTS = [dict(kill_step=6), dict(kill_save=2), dict(kill_step=13), dict()]
 
 
-def _ft_job(fn, folder, attempts=_FT_ATTEMPTS):
+def ft_schedule(rng) -> list[dict]:
+    """Where the checker's job dies, drawn from ``rng`` (a ``random.Random``): per attempt the step before which
+    it dies (``kill_step``) or the save call of that attempt (1, 2, ...) that dies half-way through the write
+    (``kill_save``); two of each kind... no: two step kills and one save kill, in a random order, then an attempt
+    that runs to the end. Every kill comes after the first checkpoint and two steps after the restart, so every
+    restart resumes from a checkpoint and runs steps that show a lost RNG or optimizer state."""
+    while True:
+        done, attempts = 0, []                      # done: the steps of the latest complete checkpoint
+        for kind in rng.sample(["step", "step", "save"], 3):
+            if kind == "step":
+                lo = max(done + 2, _FT_EVERY)
+                if lo > _FT_STEPS - 2:
+                    break
+                step = rng.randint(lo, _FT_STEPS - 2)
+                attempts.append(dict(kill_step=step))
+                done = step // _FT_EVERY * _FT_EVERY
+            else:
+                saves_left = (_FT_STEPS - done) // _FT_EVERY
+                lo = 2 if done == 0 else 1          # the first kill comes after a complete checkpoint
+                if lo > saves_left - 1:
+                    break
+                j = rng.randint(lo, saves_left - 1)
+                attempts.append(dict(kill_save=j))
+                done += (j - 1) * _FT_EVERY
+        else:
+            if _FT_EVERY <= done <= _FT_STEPS - 2:
+                return attempts + [dict()]
+
+
+def _describe(attempts) -> str:
+    kills = [f"before step {k['kill_step']}" if "kill_step" in k else f"in the middle of save {k['kill_save']} of "
+             f"attempt {a}" for a, k in enumerate(attempts) if k]
+    return "this check killed the job " + ", then ".join(kills) + " (the points are drawn anew on every check)"
+
+
+def _ft_job(fn, folder, attempts):
     """Run ``fn`` as a job that fails and restarts: per attempt a fresh process (new model, optimizer and RNG seed).
     Returns the (attempt, step, loss) log, the final parameters and a complaint about a partial checkpoint."""
     import io
@@ -205,24 +238,31 @@ def _ft_job(fn, folder, attempts=_FT_ATTEMPTS):
     (_ft_variant("no_opt"), "optimizer's state"),
 ])
 def check_train_with_checkpoints(fn, **_) -> Verdict:
-    """``fn(model, opt, step_fn, n_steps, ckpt_dir, every)`` in a job killed three times (before a step, in the
-    middle of a checkpoint's write, before another step) and restarted each time: the steps each attempt runs and
+    """``fn(model, opt, step_fn, n_steps, ckpt_dir, every)`` in a job killed three times at random points (twice
+    before a step, once in the middle of a checkpoint's write, see :func:`ft_schedule`) and restarted each time: the steps each attempt runs and
     their losses against the reference job and an uninterrupted run."""
+    import random
     import shutil
 
     from ddlcourse import training
+    attempts = ft_schedule(random.Random())
     folders = [str(training.run_dir("selfcheck-ckpt")) for _ in range(3)]
     try:
-        got, params, partial = _ft_job(fn, folders[0])
-        if partial:
-            return Verdict(False, partial)
-        ref, ref_params, _ = _ft_job(train_with_checkpoints, folders[1])
+        got, params, partial = _ft_job(fn, folders[0], attempts)
+        ref, ref_params, _ = _ft_job(train_with_checkpoints, folders[1], attempts)
         plain, _, _ = _ft_job(train_with_checkpoints, folders[2], attempts=[dict()])
     finally:
         for f in folders:
             shutil.rmtree(f, ignore_errors=True)
+    v = Verdict(False, partial) if partial else _judge(got, params, ref, ref_params, plain, len(attempts))
+    return v if v.ok else Verdict(False, f"{v.message}. ({_describe(attempts)})")
+
+
+def _judge(got, params, ref, ref_params, plain, n_attempts) -> Verdict:
+    """The learner's job's (attempt, step, loss) log and final parameters against the reference job's and an
+    uninterrupted run's."""
     loss_at = {s: l for _, s, l in plain}
-    for a in range(len(_FT_ATTEMPTS)):
+    for a in range(n_attempts):
         mine = [s for b, s, _ in got if b == a]
         want = [s for b, s, _ in ref if b == a]
         if mine == want:
