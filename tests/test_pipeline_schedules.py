@@ -77,7 +77,8 @@ def test_predicted_bubble():
     assert S.predicted_bubble("GPipe", 4, 12) == pytest.approx(3 / 15)
     assert S.predicted_bubble("1F1B", 4, 12) == S.predicted_bubble("GPipe", 4, 12)
     assert S.predicted_bubble("Interleaved1F1B", 4, 12) == pytest.approx(3 / 27)
-    assert S.predicted_bubble("ZBVZeroBubble", 4, 12) == 0.0
+    assert S.predicted_bubble("InterleavedZeroBubble", 4, 12) == pytest.approx(3 / 75)   # ZB-H1: not 0
+    assert S.predicted_bubble("ZBVZeroBubble", 4, 12) > 0                                 # start-up offset
     assert S.bubble([dict(busy=1.0, makespan=2.0), dict(busy=2.0, makespan=2.0)]) == pytest.approx(0.25)
     with pytest.raises(ValueError):
         S.predicted_bubble("GPipe", 0, 4)

@@ -61,20 +61,79 @@ def build_model(num_stages: int, dim: int, layers_per_stage: int, seed: int = 0)
                            for _ in range(num_stages)])
 
 
-def predicted_bubble(schedule: str, num_ranks: int, num_micro_batches: int) -> float:
-    """Idle fraction with equal stages and free messages, from the textbook formulas.
+# bubble formulas, each for the order torch plans (see simulate_bubble): idle time of one rank in one step, in
+# units of one stage's forward t_f, input-gradient backward t_b and weight-gradient backward t_w (a full backward
+# is t_b + t_w); messages free, all stages equal.
+BUBBLE_FORMULAS = {
+    "GPipe": "(p-1)(T_F+T_B+T_W)",
+    "1F1B": "(p-1)(T_F+T_B+T_W)",
+    "Interleaved1F1B": "(p-1)(T_F+T_B+T_W)",
+    "LoopedBFS": "(p-1)(T_F+T_B+T_W)",
+    "InterleavedZeroBubble": "(p-1)(T_F+T_B-T_W)",
+    "ZBVZeroBubble": "(p-1)T_F",
+    "DualPipeV": "(p-1)(T_F&B+T_B^full-3T_W)",
+}
 
-    GPipe, 1F1B: ``(p-1)/(m+p-1)`` (Huang et al. 2019). Looped schedules with ``v`` stages per rank:
-    ``(p-1)/(v m + p-1)`` (Narayanan et al. 2021, SC'21, sec. 2.2.2). Zero-bubble schedules: 0 in the ideal
-    (Qi et al. 2024, ICLR), which assumes the weight-gradient work fills every gap.
+
+def predicted_idle(schedule: str, num_ranks: int, num_micro_batches: int,
+                   t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0) -> float:
+    """Idle time of a rank in one step (first start to last stop on any rank), equal stages, free messages.
+
+    ``t_f``, ``t_b``, ``t_w``: one stage's forward, input-gradient backward and weight-gradient backward on one
+    micro-batch (so a full backward takes ``t_b + t_w``); the formulas, in :data:`BUBBLE_FORMULAS`:
+
+    * GPipe, 1F1B, and the looped Interleaved1F1B and LoopedBFS: ``(p-1)(t_f + t_b + t_w)``, the fill and drain
+      of ``p`` stages (Huang et al. 2019; Narayanan et al., SC'21, sec. 2.2.2, with stages ``v`` times shorter).
+    * InterleavedZeroBubble, torch's ZB-H1 ("ZB1P") on looped stages: ``(p-1)(t_f + t_b - t_w)`` (Qi, Wan, Huang,
+      Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 2.1; the ZB1P row of the DeepSeek-V3 Technical
+      Report, 2024, Table 2, whose ``B`` is the full backward). With equal times a third of 1F1B's. Needs
+      ``t_w <= t_b``.
+    * ZBVZeroBubble (ZB-V, Qi et al., arXiv v2, sec. 6): no idle between a rank's first and last action, but
+      rank ``r`` starts ``r`` forwards late, so a step timed from a common start keeps ``(p-1) t_f``. Zero only
+      when the next step may start before this one ends everywhere (no optimizer sync, Qi et al. sec. 4).
+      Needs ``t_f = t_b = t_w``, the case the schedule is built for.
+    * DualPipeV (p ranks, ``2p`` stages in a V): ``(PP/2 - 1)(T_F&B + T_B - 3 T_W)`` with ``PP = 2p`` stages,
+      ``T_B = t_b + t_w`` the full backward and ``T_F&B = t_f + t_b + t_w`` an overlapped forward and full
+      backward (DeepSeek-V3 Technical Report, 2024, Table 2). Needs ``t_f = t_b`` and ``t_w <= t_b``.
+
+    Outside those ranges torch's plans leave a different idle time: :func:`simulate_bubble` gives it.
     """
     p, m = num_ranks, num_micro_batches
     if p < 1 or m < 1:
         raise ValueError(f"need p >= 1 and m >= 1, got p={p}, m={m}")
+    if min(t_f, t_b, t_w) <= 0:
+        raise ValueError(f"times must be > 0, got t_f={t_f}, t_b={t_b}, t_w={t_w}")
+    _spec(schedule)
+    if schedule == "InterleavedZeroBubble":
+        if t_w > t_b:
+            raise ValueError("the ZB-H1 formula needs t_w <= t_b; use simulate_bubble")
+        return (p - 1) * (t_f + t_b - t_w)
+    if schedule == "ZBVZeroBubble":
+        if not t_f == t_b == t_w:
+            raise ValueError("the ZB-V formula needs t_f = t_b = t_w; use simulate_bubble")
+        return (p - 1) * t_f
+    if schedule == "DualPipeV":
+        if t_f != t_b or t_w > t_b:
+            raise ValueError("the DualPipe formula needs t_f = t_b and t_w <= t_b; use simulate_bubble")
+        t_fb, t_full = t_f + t_b + t_w, t_b + t_w
+        pp_stages = 2 * p
+        return (pp_stages // 2 - 1) * (t_fb + t_full - 3 * t_w)
+    return (p - 1) * (t_f + t_b + t_w)
+
+
+def predicted_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
+                     t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0) -> float:
+    """Idle fraction of one step, ``idle / (busy + idle)``, with ``busy = v m (t_f + t_b + t_w)`` per rank.
+
+    The idle time is :func:`predicted_idle` (equal stages, free messages; equal times by default). With equal
+    times: GPipe and 1F1B ``(p-1)/(m+p-1)``; looped schedules ``(p-1)/(v m+p-1)``; InterleavedZeroBubble
+    (ZB-H1) ``(p-1)/(3 v m+p-1)``; ZBVZeroBubble ``(p-1)/(3 v m+p-1)`` too (its start-up offset, not 0);
+    DualPipeV ``2(p-1)/(3 v m+2(p-1))``.
+    """
+    idle = predicted_idle(schedule, num_ranks, num_micro_batches, t_f, t_b, t_w)
     _, v, _ = _spec(schedule)
-    if "ZeroBubble" in schedule or schedule == "DualPipeV":
-        return 0.0
-    return (p - 1) / (v * m + p - 1)
+    busy = v * num_micro_batches * (t_f + t_b + t_w)
+    return idle / (busy + idle)
 
 
 class _SavedBytes:
@@ -335,6 +394,113 @@ def torch_order(schedule: str, rank: int, num_ranks: int, num_micro_batches: int
         if k in kinds:
             out.append((kinds[k], a.stage_index, a.microbatch_index))
     return out
+
+
+def plan(schedule: str, num_ranks: int, num_micro_batches: int) -> dict[int, list[tuple]]:
+    """Every rank's compute actions in the order torch runs them, for any schedule of :data:`SCHEDULES`.
+
+    ``("F" | "B" | "I" | "W", stage, mb)``: forward, full backward, input-gradient backward, weight-gradient
+    backward; DualPipeV's overlapped forward and backward is ``("F&B", (forward action, backward action))``.
+    GPipe and 1F1B follow torch's ``_step_microbatches`` (1F1B: ``min(m, p - r)`` forwards, then a backward
+    and a forward in turn); the others are torch's own plans (``_calculate_single_rank_operations``, private).
+    """
+    cls, v, _ = _spec(schedule)
+    p, m = num_ranks, num_micro_batches
+    if schedule == "GPipe":
+        return {r: [("F", r, i) for i in range(m)] + [("B", r, i) for i in range(m)] for r in range(p)}
+    if schedule == "1F1B":
+        out = {}
+        for r in range(p):
+            warm = min(m, p - r)
+            ops = [("F", r, i) for i in range(warm)]
+            for i in range(m):
+                ops.append(("B", r, i))
+                if warm + i < m:
+                    ops.append(("F", r, warm + i))
+            out[r] = ops
+        return out
+    fake = cls.__new__(cls)
+    fake.pp_group_size, fake.n_local_stages, fake._n_microbatches = p, v, m
+    fake._stages = [None] * v
+    fake.number_of_rounds = max(1, m // p)
+    fake.microbatches_per_round = m // fake.number_of_rounds
+    fake._num_stages = fake.num_stages = v * p
+    fake.pipeline_order = {}
+    kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
+
+    def one(a):
+        k = getattr(a.computation_type, "value", str(a.computation_type))
+        return kinds[k], a.stage_index, a.microbatch_index
+
+    out = {}
+    for r in range(p):
+        ops = []
+        for a in cls._calculate_single_rank_operations(fake, r):
+            if a is None:
+                continue
+            if getattr(a, "sub_actions", None):
+                ops.append(("F&B", tuple(one(x) for x in a.sub_actions)))
+            else:
+                ops.append(one(a))
+        out[r] = ops
+    return out
+
+
+def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
+                    t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0) -> dict:
+    """Run torch's plan (:func:`plan`) on a model of the ranks: each action starts when its rank is free and
+    its inputs exist, messages are free, every stage takes ``t_f`` (forward), ``t_b`` (input gradient),
+    ``t_w`` (weight gradient), a full backward ``t_b + t_w`` and an overlapped F&B ``t_f + t_b + t_w``.
+
+    A forward needs the previous stage's forward of its micro-batch; a backward (full or input) this stage's
+    forward and the next stage's backward; a weight gradient this stage's input gradient. Returns
+    ``{bubble, idle, makespan, busy, gaps}``: the idle fraction ``1 - sum(busy) / (p * makespan)`` (what
+    :func:`bubble` measures), the mean idle time of a rank, the step time, each rank's busy time and each
+    rank's idle time between its own first start and last stop (``gaps``: without the start-up offset).
+    """
+    orders = plan(schedule, num_ranks, num_micro_batches)
+    n_stages = num_ranks * _spec(schedule)[1]
+    dur = {"F": t_f, "I": t_b, "B": t_b + t_w, "W": t_w}
+    done: dict = {}                     # (F | X | W, stage, mb) -> stop time; X: the input gradient exists
+    clock = {r: 0.0 for r in orders}
+    busy = {r: 0.0 for r in orders}
+    nxt = {r: 0 for r in orders}
+    first: dict = {}
+
+    def needs(kind, stage, mb):
+        if kind == "F":
+            return [("F", stage - 1, mb)] if stage > 0 else []
+        if kind == "W":
+            return [("X", stage, mb)]
+        return [("F", stage, mb)] + ([("X", stage + 1, mb)] if stage < n_stages - 1 else [])
+
+    moved = True
+    while moved:
+        moved = False
+        for r, ops in orders.items():
+            while nxt[r] < len(ops):
+                a = ops[nxt[r]]
+                parts = a[1] if a[0] == "F&B" else (a,)
+                deps = [d for k, st, mb in parts for d in needs(k, st, mb)]
+                if any(d not in done for d in deps):
+                    break
+                start = max([clock[r]] + [done[d] for d in deps])
+                first.setdefault(r, start)
+                stop = start + sum(dur[k] for k, _, _ in parts)
+                for k, st, mb in parts:
+                    done[("X" if k in "BI" else k, st, mb)] = stop
+                    if k == "B":
+                        done[("W", st, mb)] = stop
+                busy[r] += sum(dur[k] for k, _, _ in parts)
+                clock[r] = stop
+                nxt[r] += 1
+                moved = True
+    if any(nxt[r] < len(ops) for r, ops in orders.items()):
+        raise RuntimeError(f"{schedule}: the plan deadlocks in this model")
+    span = max(clock.values())
+    return dict(bubble=1.0 - sum(busy.values()) / (num_ranks * span),
+                idle=span - sum(busy.values()) / num_ranks, makespan=span, busy=busy,
+                gaps={r: clock[r] - first[r] - busy[r] for r in orders})
 
 
 def text_picture(orders: dict[int, list[tuple]]) -> str:
