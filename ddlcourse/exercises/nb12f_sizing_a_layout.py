@@ -97,11 +97,13 @@ LAYOUT_CASES = [
     (PRESETS["7B"], Layout(dp=64, tp=8, sp=True, zero=1, n_micro=16)),
     (PRESETS["7B"], Layout(dp=16, tp=8, pp=4, sp=True, zero=1, n_micro=64)),
     (PRESETS["7B"], Layout(dp=128, tp=4, zero=2, n_micro=8)),
-    (PRESETS["70B"], Layout(dp=8, tp=8, pp=4, cp=2, sp=True, zero=3, recompute="full", n_micro=2)),
+    (PRESETS["70B"], Layout(dp=32, tp=8, cp=2, sp=True, zero=3, recompute="full", n_micro=2)),
+    (PRESETS["70B"], Layout(dp=8, tp=8, pp=4, cp=2, sp=True, zero=1, recompute="selective", n_micro=8)),
     (PRESETS["70B"], Layout(dp=16, tp=8, pp=4, sp=True, zero=1, recompute="full", n_micro=64)),
     (_SMALL, Layout(dp=2, cp=2, zero=1, micro_batch=2)),
     (_SMALL, Layout(dp=4)),
-    (_SMALL, Layout(dp=2, tp=2, pp=2, zero=3, recompute="full", n_micro=4)),
+    (_SMALL, Layout(dp=2, tp=2, pp=2, zero=1, recompute="full", n_micro=4)),
+    (_SMALL, Layout(dp=4, tp=2, zero=3, recompute="full", n_micro=4)),
 ]
 KEYS = ("params", "grads", "optimizer", "activations", "total")
 
