@@ -4,7 +4,8 @@ Three things that are often mixed up, kept apart here:
 
 * **autocast** (``torch.autocast(device_type, dtype)``) runs chosen ops (matrix products, convolutions) in
   bf16 or fp16 and keeps the **parameters in fp32**. The half-precision copies of the weights are made per
-  op and thrown away; gradients land in ``param.grad`` in fp32. There are no separate "master weights":
+  op; autograd keeps them for backward and they are freed with the iteration's graph. Gradients land in
+  ``param.grad`` in fp32. There are no separate "master weights":
   the fp32 parameters are the only ones.
 * **loss scaling** (``torch.amp.GradScaler``) is needed with fp16 (5 exponent bits: the smallest positive
   fp16 number is 2**-24, about 6e-8), not with bf16 (8 exponent bits, fp32's range). Backward runs in fp16
@@ -384,6 +385,49 @@ def dp_mixed_precision(steps: int = 3, global_batch: int = 4096, dim: int = 16, 
                     "param_grad_dtype": str(model[2].weight.grad.dtype).replace("torch.", ""),
                     "grad_rel_diff": float((grad - ref).norm() / ref.norm()),
                     "zero_grad_fraction": float((grad == 0).float().mean()), "losses": losses}
+    return out
+
+
+# --------------------------------------------------------------------------- the scaler with sharded gradients
+def sharded_scaler(steps: int = 6, overflow_step: int = 3, overflow_rank: int = 1, init_scale: float = 2.0 ** 10,
+                   group=None, device=None) -> dict:
+    """On every rank of ``group``: each rank holds its own shard of a model (a different parameter, as under ZeRO,
+    FSDP or tensor parallelism) and steps it with a dynamic loss scaler; at ``overflow_step`` only
+    ``overflow_rank``'s gradients overflow. Two scalers, per rank:
+
+    * ``GradScaler``: ``torch.amp.GradScaler`` looks for inf/nan in *this rank's* gradients only, so the rank
+      that overflowed skips the step and halves its scale while the others step on: the shards now belong to
+      different optimizer steps and the ranks' scales disagree from then on;
+    * ``ShardedGradScaler``: torch's scaler for FSDP, which all-reduces ``found_inf`` over the group
+      (``torch.distributed.fsdp.sharded_grad_scaler``), so every rank skips the same step.
+
+    Returned per scaler: ``taken`` (per step, whether this rank's shard was updated) and ``scales`` (after each step).
+    """
+    import torch.distributed as tdist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    device = rank_device(device)
+    r = tdist.get_rank(group)
+    if not 0 <= overflow_step < steps:
+        raise ValueError(f"overflow_step {overflow_step} is not one of the {steps} steps")
+    out = {}
+    for name in ("GradScaler", "ShardedGradScaler"):
+        shard = nn.Parameter(torch.randn(8, generator=torch.Generator().manual_seed(r)).to(device))
+        opt = torch.optim.SGD([shard], lr=0.01)
+        scaler = (torch.amp.GradScaler(device.type, init_scale=init_scale) if name == "GradScaler" else
+                  ShardedGradScaler(device=device.type, init_scale=init_scale, process_group=group))
+        taken, scales = [], []
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            blow_up = 1e36 if (step == overflow_step and r == overflow_rank) else 1.0   # x scale: inf in fp32
+            loss = (shard * shard).sum() * blow_up
+            scaler.scale(loss).backward()
+            before = shard.detach().clone()
+            scaler.step(opt)
+            scaler.update()
+            taken.append(not torch.equal(before, shard.detach()))
+            scales.append(float(scaler.get_scale()))
+        out[name] = {"taken": taken, "scales": scales}
     return out
 
 

@@ -196,9 +196,11 @@ class TensorParallelBlock(nn.Module):
         self.wo, self.wo_bias = _rows(block.attn.wo, r, t)
         self.fc1 = _cols(block.mlp.fc1, r, t)
         self.fc2, self.fc2_bias = _rows(block.mlp.fc2, r, t)
-        # used on this rank's tokens only under sp: their gradients are partial sums over the ranks
+        # whole on every rank (the others are shards); under sp used on this rank's tokens only, so their
+        # gradients are partial sums over the ranks until sync_sequence_parallel_grads
         for p in (*self.ln1.parameters(), *self.ln2.parameters(), self.wo_bias, self.fc2_bias):
             p.sequence_parallel = sp
+            p.tp_replicated = True
 
     def _enter(self, h):    # before the column layers: the whole sequence, replicated
         return gather_seq(h, self.group) if self.sp else copy_to_tp(h, self.group)
@@ -234,6 +236,79 @@ def sync_sequence_parallel_grads(module: nn.Module, group=None) -> None:
         for g in grads:
             g.copy_(flat[i:i + g.numel()].view_as(g))
             i += g.numel()
+
+
+def clip_grad_norm_tp(module: nn.Module, max_norm: float, group=None) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a tensor-parallel module: the serial model's gradient norm, and every
+    gradient scaled by ``min(1, max_norm / norm)`` on every rank alike.
+
+    A rank holds shards of most weights and the whole of a few (``p.tp_replicated``: the norms, the row layers'
+    biases). The global squared norm is the shards' squared norms summed over the ranks (an all-reduce of one
+    number) plus the replicated weights' once, not ``t`` times. Call it after :func:`sync_sequence_parallel_grads`.
+    Megatron-LM does the same (``param_is_not_tensor_parallel_duplicate`` in its grad-norm code).
+    """
+    params = [p for p in module.parameters() if p.grad is not None]
+    shards = [p.grad.double().square().sum() for p in params if not getattr(p, "tp_replicated", False)]
+    whole = [p.grad.double().square().sum() for p in params if getattr(p, "tp_replicated", False)]
+    sq = torch.stack(shards).sum() if shards else torch.zeros((), dtype=torch.float64, device=params[0].grad.device)
+    tdist.all_reduce(sq, group=group)
+    if whole:
+        sq = sq + torch.stack(whole).sum()
+    norm = sq.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in params:
+        p.grad.mul_(coef.to(p.grad.dtype))
+    return norm
+
+
+def clipping_on_shards(cfg=None, batch: int = 2, clip_fraction: float = 0.1, group=None, seed: int = 0,
+                       device=None) -> dict:
+    """On every rank of ``group``: clip a tensor + sequence parallel block's gradients three ways and compare each
+    with serial clipping (``torch.nn.utils.clip_grad_norm_`` on the serial block, ``max_norm`` = ``clip_fraction``
+    of its norm, so clipping is active):
+
+    * ``local``: ``clip_grad_norm_`` on this rank's parameters, as one would on a plain module: each rank sees
+      its own norm and scales by its own factor;
+    * ``summed``: the squared norms of *all* this rank's parameters summed over the ranks: the replicated ones
+      are counted ``t`` times;
+    * ``right``: :func:`clip_grad_norm_tp`.
+
+    Returned: the serial norm and, per way, the norm this rank used and max |clipped grad - serial clipped grad|.
+    """
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    t, r = _size_rank(group)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
+    torch.manual_seed(seed)
+    block = T.Block(cfg).to(device)
+    pos = torch.arange(cfg.seq_len, device=device)
+    x, w = _inputs(cfg, batch, seed, device)
+    mine = slice(r * cfg.seq_len // t, (r + 1) * cfg.seq_len // t)
+    serial = copy.deepcopy(block)
+    (serial(x, pos) * w).sum().backward()
+    serial_norm = torch.nn.utils.clip_grad_norm_(serial.parameters(), float("inf"))
+    max_norm = clip_fraction * float(serial_norm)
+    torch.nn.utils.clip_grad_norm_(serial.parameters(), max_norm)
+
+    def summed(par):
+        sq = torch.stack([p.grad.double().square().sum() for p in par.parameters()]).sum()
+        tdist.all_reduce(sq, group=group)
+        norm = sq.sqrt()
+        for p in par.parameters():
+            p.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(p.grad.dtype))
+        return norm
+
+    ways = {"local": lambda par: torch.nn.utils.clip_grad_norm_(par.parameters(), max_norm), "summed": summed,
+            "right": lambda par: clip_grad_norm_tp(par, max_norm, group)}
+    out = {"serial_norm": float(serial_norm), "max_norm": max_norm}
+    for name, clip in ways.items():
+        par = TensorParallelBlock(block, group, sp=True)
+        (par(x[:, mine].clone(), pos) * w[:, mine]).sum().backward()
+        sync_sequence_parallel_grads(par, group)
+        norm = clip(par)
+        out[name] = dict(norm=float(norm), grad_diff=_grad_diffs(par, serial, r, t, lambda p: p.grad))
+    return out
 
 
 class TensorParallelTransformer(nn.Module):
