@@ -9,8 +9,9 @@ Every ``measure_*`` / ``*_check`` function runs on **every rank** (``cluster.run
   per host, and an intra-host broadcast, on MPI sub-communicators split by host (``COMM_TYPE_SHARED``) or by
   ``rank // ranks_per_host`` to emulate several hosts on one machine; :func:`hierarchical_check` compares it
   with the flat ``MPI_Allreduce``;
-* :func:`hierarchy_model`: flat ring against the two hierarchical schemes for nodes of 8 GPUs, from
-  :mod:`ddlcourse.perfmodel`'s alpha-beta links;
+* :func:`hierarchy_model` and :func:`hierarchy_terms`: for nodes of 8 GPUs with one network adapter per GPU, a
+  flat ring run as NCCL runs it (one ring channel per adapter) against the two hierarchical schemes, with
+  :mod:`ddlcourse.perfmodel`'s alpha-beta links and :mod:`ddlcourse.hardware`'s per-direction bandwidths;
 * :func:`bus_bandwidth_factor`: nccl-tests' bus bandwidth = algorithm bandwidth x factor.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from ddlcourse import collectives
+from ddlcourse import collectives, hardware
 from ddlcourse.perfmodel import GB, Link, ring_allreduce_time
 
 # What each runtime is, where it runs, who uses it in this course (printed as a table in the notebook).
@@ -197,50 +198,106 @@ def time_hierarchical(nbytes: int, ranks_per_host: int | None, reps: int = 10, w
 
 
 # --------------------------------------------------------------------------- the model for nodes of 8 GPUs
-# Per-direction bandwidths from vendor datasheets (NVIDIA quotes NVLink as both directions together):
-# H100 SXM5: NVLink 900 GB/s (NVIDIA H100 Tensor Core GPU datasheet) -> 450 GB/s each way;
-# DGX H100: 8 H100 and 8 ConnectX-7 adapters of 400 Gb/s (NVIDIA DGX H100 datasheet) -> 50 GB/s per GPU.
-# The latencies (alpha) are assumptions of the same kind as ddlcourse.perfmodel's, not measurements.
-H100_NVLINK = Link(alpha=10e-6, bandwidth=450 * GB)
-NDR_PER_GPU = Link(alpha=5e-6, bandwidth=400e9 / 8)
+# Per-direction bandwidths from ddlcourse.hardware (its sources: the NVIDIA H100 datasheet quotes NVLink as
+# 900 GB/s for both directions together, 450 GB/s each way; a DGX H100 has one 400 Gb/s ConnectX-7 adapter
+# per GPU, 50 GB/s each way). The latencies (alpha) are assumptions of the same kind as ddlcourse.perfmodel's
+# (NCCL/MPI over NVLink ~10 us, over InfiniBand ~5 us), not measurements.
+H100_NVLINK = Link(alpha=10e-6, bandwidth=hardware.GPUS["H100-SXM"].nvlink)
+NDR_PER_GPU = Link(alpha=5e-6, bandwidth=hardware.LINKS["NDR IB"].per_direction)
+
+SCHEMES = ("flat ring", "reduce / allreduce / bcast", "reduce-scatter / allreduce / allgather")
+
+
+def hierarchy_terms(nbytes: float, nodes: int, gpus_per_node: int = 8) -> dict:
+    """What each scheme of :func:`hierarchy_model` pays, without the link figures: per scheme
+    ``{"network_steps", "nvlink_steps", "adapters_per_node", "adapter_bytes"}``.
+
+    ``network_steps``: steps in sequence that wait for a hop between nodes (each pays a network alpha);
+    ``nvlink_steps``: steps in sequence inside the node only; ``adapters_per_node``: the network adapters of a
+    node that carry traffic; ``adapter_bytes``: what each of them sends per allreduce (the bandwidth term is
+    ``adapter_bytes x beta``). On one node there is no network: the steps are all NVLink steps.
+    """
+    g, m = gpus_per_node, nodes
+    if g < 1 or m < 1:
+        raise ValueError(f"need nodes >= 1 and gpus_per_node >= 1, got {nodes} and {gpus_per_node}")
+    p, n = g * m, float(nbytes)
+    net = m > 1
+    return {
+        # g ring channels over all p GPUs, channel c leaving each node through adapter c (one per "rail")
+        "flat ring": dict(network_steps=2 * (p - 1) if net else 0, nvlink_steps=0 if net else 2 * (g - 1),
+                          adapters_per_node=g if net else 0, adapter_bytes=2 * (p - 1) / p * n / g if net else 0.0),
+        "reduce / allreduce / bcast": dict(network_steps=2 * (m - 1), nvlink_steps=4 * (g - 1),
+                                           adapters_per_node=1 if net else 0, adapter_bytes=2 * (m - 1) / m * n),
+        "reduce-scatter / allreduce / allgather": dict(network_steps=2 * (m - 1), nvlink_steps=2 * (g - 1),
+                                                       adapters_per_node=g if net else 0,
+                                                       adapter_bytes=2 * (m - 1) / m * n / g),
+    }
 
 
 def hierarchy_model(nbytes: float, nodes: int, gpus_per_node: int = 8, intra: Link = H100_NVLINK,
                     nic: Link = NDR_PER_GPU) -> dict:
     """Seconds of one allreduce of ``nbytes`` over ``nodes`` x ``gpus_per_node`` GPUs, three ways.
 
-    * ``flat ring``: one ring over every GPU; each step waits for the slowest hop, a network hop;
-    * ``reduce / allreduce / bcast``: this notebook's scheme; a reduce and a broadcast inside the node
-      (each a reduce-scatter/scatter plus a gather/allgather: ``2 (g-1) (alpha + n/g beta)``), and a ring
-      over the node leaders whose whole message goes through the leader's one network adapter;
-    * ``reduce-scatter / allreduce / allgather``: each GPU of a node owns 1/g of the message and allreduces
-      it with its counterparts on the other nodes over its own adapter (what NCCL and Horovod do).
+    * ``flat ring``: a ring over every GPU, run as NCCL runs it on a node with one network adapter per GPU
+      ("rails"): ``g`` ring channels, each carrying ``1/g`` of the message and leaving each node through its
+      own adapter. Each of the ``2(p-1)`` steps moves a chunk of ``n/(g p)`` per channel and lasts as long as
+      its slowest hop: the network hop (``alpha_net + n/(g p) beta_net``) or a GPU's NVLink, which carries the
+      chunks of the ``g-1`` channels that stay in the node (``alpha_nvl + (g-1) n/(g p) beta_nvl``). Every
+      adapter sends ``2 (p-1)/p n/g`` bytes: all ``g`` adapters of a node share the message;
+    * ``reduce / allreduce / bcast``: this notebook's scheme; a reduce and a broadcast inside the node (each
+      costed as a reduce-scatter plus a gather: ``2 (g-1) (alpha + n/g beta)``), and a ring over the node
+      leaders whose whole message goes through the leader's one adapter: ``2 (m-1)/m n`` bytes, ``g`` times
+      the others' per adapter. This is the scheme that loses bandwidth;
+    * ``reduce-scatter / allreduce / allgather``: each GPU of a node owns 1/g of the message and all-reduces it
+      with its counterparts on the other nodes over its own adapter (Horovod's hierarchical allreduce,
+      ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``). Its adapters send ``2 (m-1)/m n/g`` bytes each: the flat ring's
+      bandwidth term to within a factor ``m/(m-1)``. It wins by latency: ``2(m-1)`` network steps and
+      ``2(g-1)`` NVLink steps against the flat ring's ``2(gm-1)``.
+
+    The phases of the two hierarchical schemes run one after the other (no pipelining between them).
     """
     g, m = gpus_per_node, nodes
+    hierarchy_terms(nbytes, nodes, gpus_per_node)          # validates the arguments
     p = g * m
     intra_rs = 0.0 if g == 1 else (g - 1) * (intra.alpha + nbytes / g * intra.beta)   # one reduce-scatter
-    flat = ring_allreduce_time(nbytes, p, nic) if m > 1 else ring_allreduce_time(nbytes, p, intra)
+    if m > 1:
+        chunk = nbytes / (g * p)                             # per channel and step
+        step = max(nic.alpha + chunk * nic.beta, (intra.alpha + (g - 1) * chunk * intra.beta) if g > 1 else 0.0)
+        flat = 2 * (p - 1) * step
+    else:
+        flat = ring_allreduce_time(nbytes, g, intra)
     leaders = 4 * intra_rs + ring_allreduce_time(nbytes, m, nic)
     rs = 2 * intra_rs + ring_allreduce_time(nbytes / g, m, nic)
-    return {"flat ring": flat, "reduce / allreduce / bcast": leaders, "reduce-scatter / allreduce / allgather": rs}
+    return dict(zip(SCHEMES, (flat, leaders, rs)))
 
 
-def plot_hierarchy_model(nbytes: float, nodes_list, gpus_per_node: int = 8, ax=None):
-    """Modelled time of one allreduce of ``nbytes`` against the number of nodes, the three ways."""
+def plot_hierarchy_model(nbytes: float, nodes_list, gpus_per_node: int = 8, sizes=None, nodes_for_sizes: int = 16):
+    """Modelled time of one allreduce: left, of ``nbytes`` against the number of nodes; right, on
+    ``nodes_for_sizes`` nodes against the message size (``sizes`` in bytes, default 64 kB to 4 GB)."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
+    sizes = list(sizes) if sizes is not None else [2.0 ** k for k in range(16, 33)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
     rows = [hierarchy_model(nbytes, m, gpus_per_node) for m in nodes_list]
-    for way in rows[0]:
-        ax.plot(nodes_list, [r[way] * 1e3 for r in rows], "o-", ms=3, label=way)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"nodes ({gpus_per_node} GPUs each)")
-    ax.set_ylabel("ms per allreduce (model)")
-    ax.set_title(f"{nbytes / 1e6:.0f} MB of gradients", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    for way in SCHEMES:
+        ax1.plot(nodes_list, [r[way] * 1e3 for r in rows], "o-", ms=3, label=way)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel(f"nodes ({gpus_per_node} GPUs each)")
+    ax1.set_ylabel("ms per allreduce (model)")
+    ax1.set_title(f"{nbytes / 1e6:.0f} MB of gradients", fontsize=9)
+    rows = [hierarchy_model(n, nodes_for_sizes, gpus_per_node) for n in sizes]
+    flat = [r["flat ring"] for r in rows]
+    for way in SCHEMES:
+        ax2.plot(sizes, [r[way] / f for r, f in zip(rows, flat)], "-", label=way)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("message size (bytes)")
+    ax2.set_ylabel("time / flat ring's time (model)")
+    ax2.set_title(f"{nodes_for_sizes} nodes x {gpus_per_node} GPUs", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 # --------------------------------------------------------------------------- bus bandwidth

@@ -27,8 +27,8 @@ def test_staleness_zero_is_serial_sgd_and_staleness_changes_the_path():
 
 def test_traffic_model():
     m = ps.traffic_model(1000, n_ranks=5, n_servers=1)
-    assert m["server"] == 2 * 4 * 8000 and m["worker"] == 2 * 8000
-    assert m["ring"] == pytest.approx(4 * 4 / 5 * 8000)
+    assert m["server"] == 4 * 8000 and m["worker"] == 8000          # bytes sent per step
+    assert m["ring"] == pytest.approx(2 * 4 / 5 * 8000)
 
 
 CODE = r"""

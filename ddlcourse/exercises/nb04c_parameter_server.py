@@ -1,10 +1,25 @@
 """Exercises of notebooks/04c_parameter_server.ipynb."""
+import math
 import sys
 
 import numpy as np
 
-from ddlcourse.parallel.param_server import GRAD, PARAM, push_pull, train_ps
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.parallel.param_server import GRAD, PARAM, push_pull, traffic_model, train_ps
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+
+# Exercise 2: traffic, counted as the bytes each process SENDS per step (the notebook's one convention).
+@exercise("ps_server_bytes", "count what the server sends per step: its updated parameters, P bytes, to each of "
+          "the W workers (it receives as many gradients, but the notebook counts bytes sent)")
+def ps_server_bytes(n_params: int, workers: int, bytes_per_param: int = 4) -> float:
+    return traffic_model(n_params, workers + 1, 1, bytes_per_param)["server"]
+
+
+@exercise("ps_servers_to_match", "S servers each send W P / S bytes per step; an allreduce rank among the same "
+          "N = W + 1 processes sends 2 (N-1)/N P. Take the smallest whole S with W P / S <= 2 (N-1)/N P")
+def ps_servers_to_match(n_params: int, workers: int, bytes_per_param: int = 4) -> int:
+    m = traffic_model(n_params, workers + 1, 1, bytes_per_param)
+    return math.ceil(m["server"] / m["ring"] - 1e-9)
+
 
 # A tiny problem: every message stays far below MPI's eager limit, so a wrong variant cannot hang the check.
 _PROBLEM = dict(n_train=48, dim=4, hidden=4, n_classes=3, seed=3)

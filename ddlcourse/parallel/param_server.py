@@ -12,8 +12,9 @@ The architecture of DistBelief (Dean et al. 2012) and of TensorFlow 1's ``Cluste
   batch (:func:`compare_sync`); an **asynchronous** server applies each gradient as it arrives and answers that
   worker at once, so gradients are computed on parameters that are already *stale* (:func:`train_async`
   measures the staleness; :func:`train_stale` emulates a fixed staleness deterministically in one process);
-* :func:`traffic` counts the bytes: a server moves ``2 W P / S`` per step for ``W`` workers, a ring-allreduce
-  rank ``2 (N-1)/N P`` whatever ``N`` is;
+* :func:`traffic` counts the bytes, always as **the bytes a process sends per step** (the convention of
+  nccl-tests' bus bandwidth; what a process receives is the same amount in each design here): a server sends
+  ``W P / S`` per step for ``W`` workers, a worker ``P``, a ring-allreduce rank ``2 (N-1)/N P`` whatever ``N`` is;
 * :func:`train_local_sgd`: no server; workers take ``H`` local steps, then average the parameters (H = 1 is
   synchronous data parallelism).
 
@@ -304,9 +305,9 @@ class CountingComm:
 
 
 def traffic(n_params: int, n_servers: int = 1, steps: int = 2, comm=None) -> dict:
-    """Bytes per step that each rank sends + receives, counted on real messages, in two designs on ``comm``:
-    a synchronous PS (ranks < n_servers serve) and a ring allreduce over all ranks. Every rank returns
-    ``{"role", "ps_bytes", "ring_bytes"}`` for itself."""
+    """Bytes per step that each rank **sends**, counted on real messages, in two designs on ``comm``: a
+    synchronous PS (ranks < n_servers serve) and a ring allreduce over all ranks. Every rank returns
+    ``{"role", "ps_bytes", "ring_bytes"}`` (bytes sent) and ``{"ps_received", "ring_received"}`` for itself."""
     from mpi4py import MPI
 
     from ddlcourse.collectives import ring_allreduce
@@ -320,26 +321,28 @@ def traffic(n_params: int, n_servers: int = 1, steps: int = 2, comm=None) -> dic
         a, b = shards[r]
         cnt = {"sent": 0, "received": 0}
         serve(comm, np.zeros(b - a), workers, steps, lr=0.0, counter=cnt)
-        ps = (cnt["sent"] + cnt["received"]) / steps
+        ps, ps_in = cnt["sent"] / steps, cnt["received"] / steps
     else:
         cc = CountingComm(comm)
         params = np.zeros(n_params)
         for _ in range(steps):
             push_pull(cc, np.zeros(n_params), params, shards)
-        ps = (cc.sent + cc.received) / steps
+        ps, ps_in = cc.sent / steps, cc.received / steps
     cc = CountingComm(comm)
     buf = np.zeros(n_params)
     for _ in range(steps):
         ring_allreduce(buf, cc)
     comm.Free()
-    return {"role": "server" if r in servers else "worker", "ps_bytes": ps,
-            "ring_bytes": (cc.sent + cc.received) / steps}
+    return {"role": "server" if r in servers else "worker", "ps_bytes": ps, "ring_bytes": cc.sent / steps,
+            "ps_received": ps_in, "ring_received": cc.received / steps}
 
 
 def traffic_model(n_params: int, n_ranks: int, n_servers: int = 1, bytes_per_param: int = 8) -> dict:
-    """Bytes per step (sent + received) predicted for one server, one worker and one ring-allreduce rank."""
+    """Bytes each process sends per step, predicted for one server (its shard to each of the ``W`` workers:
+    ``W P / S``), one worker (its gradient: ``P``) and one ring-allreduce rank (``N-1`` chunks of ``P/N`` in the
+    reduce-scatter and as many in the allgather: ``2 (N-1)/N P``). Each receives as many bytes as it sends."""
     P, W, N = n_params * bytes_per_param, n_ranks - n_servers, n_ranks
-    return {"server": 2 * W * P / n_servers, "worker": 2 * P, "ring": 2 * 2 * (N - 1) / N * P}
+    return {"server": W * P / n_servers, "worker": P, "ring": 2 * (N - 1) / N * P}
 
 
 def plot_traffic(rows: list[dict], n_params: int, n_servers: int = 1, ax=None):
@@ -356,7 +359,7 @@ def plot_traffic(rows: list[dict], n_params: int, n_servers: int = 1, ax=None):
                 lw=1, label=f"{label}, model")
         ax.plot(ns, [r[key] / 1e3 for r in rows], "o", color=colour, label=f"{label}, measured")
     ax.set_xlabel("ranks (PS: 1 server + workers)")
-    ax.set_ylabel("kB sent + received per step")
+    ax.set_ylabel("kB sent per step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return ax
@@ -364,7 +367,8 @@ def plot_traffic(rows: list[dict], n_params: int, n_servers: int = 1, ax=None):
 
 def traffic_on(n_ranks: int, n_params: int, n_servers: int = 1) -> dict | None:
     """:func:`traffic` on the first ``n_ranks`` ranks, summarised: ``{"n_ranks", "server", "worker", "ring"}``
-    (the largest byte count of each role; None on ranks left out). Collective over the world."""
+    (the largest count of bytes sent per step of each role), and ``{"server_received", "worker_received",
+    "ring_received"}`` (the same for bytes received); None on ranks left out. Collective over the world."""
     from mpi4py import MPI
 
     from ddlcourse import dist
@@ -378,7 +382,10 @@ def traffic_on(n_ranks: int, n_params: int, n_servers: int = 1) -> dict | None:
     return {"n_ranks": n_ranks,
             "server": max(x["ps_bytes"] for x in got if x["role"] == "server"),
             "worker": max(x["ps_bytes"] for x in got if x["role"] == "worker"),
-            "ring": max(x["ring_bytes"] for x in got)}
+            "ring": max(x["ring_bytes"] for x in got),
+            "server_received": max(x["ps_received"] for x in got if x["role"] == "server"),
+            "worker_received": max(x["ps_received"] for x in got if x["role"] == "worker"),
+            "ring_received": max(x["ring_received"] for x in got)}
 
 
 # --------------------------------------------------------------------------- local SGD
@@ -387,7 +394,9 @@ def train_local_sgd(period: int, steps: int = 40, global_batch: int = 24, lr: fl
     """Local SGD on every rank of ``comm``: each rank steps on its own share of each global batch and the
     parameters are averaged (one allreduce) every ``period`` steps. ``period = 1`` is synchronous data
     parallelism. Returns ``{"losses"}`` (training-set loss of the averaged model after each averaging),
-    ``{"at"}`` (the steps of those averagings) and ``{"bytes_per_step"}`` (ring-allreduce bytes per rank)."""
+    ``{"at"}`` (the steps of those averagings) and ``{"bytes_per_step"}``: the bytes each rank would send per
+    step if the averaging were a ring allreduce (``2 (N-1)/N P`` per averaging, as :func:`traffic_model`
+    counts; the run itself calls ``MPI_Allreduce``, whose algorithm MPI picks)."""
     from mpi4py import MPI
 
     if period < 1:
@@ -406,7 +415,7 @@ def train_local_sgd(period: int, steps: int = 40, global_batch: int = 24, lr: fl
             averagings += 1
             losses.append(prob.loss(p))
             at.append(step + 1)
-    nbytes = 2 * (n - 1) / n * p.nbytes * averagings / steps
+    nbytes = traffic_model(p.size, n, bytes_per_param=p.itemsize)["ring"] * averagings / steps   # sent per rank
     return {"losses": losses, "at": at, "bytes_per_step": nbytes, "params": p}
 
 
