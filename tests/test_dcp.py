@@ -106,3 +106,37 @@ def test_shard_range_checker_accepts_the_reference():
 def test_shard_range_checker_names_the_mistake(wrong, hint):
     v = run_checker("shard_range", wrong)
     assert not v.ok and hint in v.message, v.message
+
+
+_RESUME_AT = """
+import torch
+from ddlcourse import dist, dcp, integrity
+dist.init(horovod=False); torch.set_num_threads(1)
+ckpt = {ckpt!r}
+if {load}:
+    res = dcp.train_phase(3, 8, load_from=ckpt)
+    saved = torch.load(ckpt + "_saved.pt")
+    print("RESUMED", torch.equal(res["params_loaded"], saved["params_saved"]),
+          integrity.trajectories_agree(saved["losses"][3:], res["losses"], atol=1e-5, exact_steps=5))
+else:
+    res = dcp.train_phase(0, 8, save_to=ckpt, save_at=3)
+    two_d = dcp.train_2d(6, dp=1, first_steps=2, serial=True)
+    if torch.distributed.get_rank() == 0:
+        torch.save(res, ckpt + "_saved.pt")
+        ref = two_d["serial"]
+        print("SAVED", len(res["losses"]), res["files_written"] is not None, ref["params_first"].shape == two_d["params_first"].shape,
+              dcp.param_gap(two_d["params_first"], ref["params_first"]) < 1e-5, dcp.param_gap(two_d["params"], ref["params"]) < 1e-5,
+              integrity.trajectories_agree(ref["losses"], two_d["losses"], atol=1e-5, exact_steps=5))
+    else:
+        print("OTHER", two_d["serial"] is None)
+"""
+
+
+def test_save_mid_run_loads_the_saved_parameters_exactly_and_serial_runs_on_rank_0(mpi, tmp_path):
+    """save_at: the run goes on after saving; the load gives exactly the saved parameters, and the resumed run
+    continues the saving one; serial=True trains the reference on rank 0 only."""
+    ckpt = str(tmp_path / "ckpt")
+    out = mpi(2, _RESUME_AT.format(ckpt=ckpt, load=False)).stdout
+    assert "SAVED 8 True True True True True" in out and "OTHER True" in out, out
+    out = mpi(4, _RESUME_AT.format(ckpt=ckpt, load=True)).stdout
+    assert out.count("RESUMED True True") == 4, out

@@ -310,10 +310,14 @@ def measure_block(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, 
 
 
 def train(cfg, steps: int, batch: int, lr: float = 3e-3, layout: str = "zigzag", group=None, seed: int = 0,
-          device=None) -> dict:
+          device=None, serial: bool = False) -> dict:
     """Train on the sort task with context parallelism: the same data, initialisation and optimizer as
     :func:`ddlcourse.models.transformer.train_sort`, each rank holding its share of every sequence.
-    Returns the loss curve (the loss of the whole batch, the same on every rank)."""
+    Returns the loss curve (the loss of the whole batch, the same on every rank).
+
+    With ``serial``, rank 0 of ``group`` also trains the serial reference, ``train_sort``, on its own device
+    (the device the ranks train on), returned as ``serial`` (``losses``, ``test_accuracy``; ``None`` on the
+    other ranks)."""
     from ddlcourse.data import tokens
     from ddlcourse.models import transformer as T
 
@@ -339,4 +343,8 @@ def train(cfg, steps: int, batch: int, lr: float = 3e-3, layout: str = "zigzag",
             i += p.numel()
         opt.step()
         losses.append(float(flat[-1]))
-    return dict(losses=losses, rank=r)
+    ref = None
+    if serial and r == 0:
+        ref = T.train_sort(cfg, steps=steps, batch=batch, lr=lr, seed=seed, device=device)
+        ref = dict(losses=ref["losses"], test_accuracy=ref["test_accuracy"])   # the model stays on the rank
+    return dict(losses=losses, rank=r, serial=ref)

@@ -522,9 +522,13 @@ def activation_sweep(cfg, batch: int, group=None, device=None) -> list[dict]:
 
 
 def train(cfg, steps: int, batch: int, lr: float = 3e-3, sp: bool = True, group=None, seed: int = 0,
-          device=None) -> dict:
+          device=None, serial: bool = False) -> dict:
     """Train on the sort task with tensor (and sequence) parallelism: the same data, initialisation and
-    optimizer as :func:`ddlcourse.models.transformer.train_sort`. Returns the loss curve."""
+    optimizer as :func:`ddlcourse.models.transformer.train_sort`. Returns the loss curve (``losses``).
+
+    With ``serial``, rank 0 of ``group`` also trains the serial reference, ``train_sort``, on its own device
+    (the device the ranks train on: a CPU reference against GPU ranks differs by more than the parallelism
+    does), returned as ``serial`` (``losses``, ``test_accuracy``; ``None`` on the other ranks)."""
     from ddlcourse.data import tokens
     from ddlcourse.models import transformer as T
 
@@ -541,7 +545,16 @@ def train(cfg, steps: int, batch: int, lr: float = 3e-3, sp: bool = True, group=
         model.sync_grads()
         opt.step()
         losses.append(float(loss.detach()))
-    return dict(losses=losses)
+    return dict(losses=losses, serial=_serial_reference(cfg, steps, batch, lr, seed, device)
+                if serial and _size_rank(group)[1] == 0 else None)
+
+
+def _serial_reference(cfg, steps, batch, lr, seed, device) -> dict:
+    """``train_sort`` on ``device``: its losses and held-out accuracy (not the model: it stays on the rank)."""
+    from ddlcourse.models import transformer as T
+
+    ref = T.train_sort(cfg, steps=steps, batch=batch, lr=lr, seed=seed, device=device)
+    return dict(losses=ref["losses"], test_accuracy=ref["test_accuracy"])
 
 
 def activation_formula(cfg, batch: int, t: int, sp: bool) -> float:
