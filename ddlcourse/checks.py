@@ -271,16 +271,178 @@ def srun_mpi_plugin(library_version: str | None = None) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------------- engines per scale
+_STARTERS = ("start", "MPICluster")          # cluster.start(n=...), cluster.MPICluster(n=...)
+
+
+def _profile_engines(section: str, scale: str) -> int:
+    """The largest ``n_ranks``/``n_engines`` of ``section`` at ``scale`` (0: it names none)."""
+    from ddlcourse import config
+    sizes = config.PROFILES.get(section, {}).get(scale, {})
+    return max([v for k, v in sizes.items() if k in ("n_ranks", "n_engines") and isinstance(v, int)], default=0)
+
+
+def notebook_paths() -> list:
+    """The course's notebooks and labs (none when the package runs outside its checkout)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    return sorted((root / "notebooks").glob("*.ipynb")) + sorted((root / "labs").glob("*.ipynb"))
+
+
+def notebook_clusters(path, scale: str | None = None) -> dict:
+    """The clusters a notebook starts, and the most engines it has alive at once, at ``scale``.
+
+    Read from the code cells in order, without running them: a cluster starts at ``cluster.start(n=...)`` or
+    ``cluster.MPICluster(n=...)``; one bound with ``c = ...`` lives until ``c.stop()`` (or the notebook's end),
+    one opened with ``with ... as c:`` (or ``with c:``) until its block ends. ``n`` is read from the notebook's
+    sizes (``S = config.sizes("section")``, ``S.n_ranks``), a number, or ``max``/``min`` of those; any other
+    expression (08's ``max(ranks)``, ranks bounded by ``S.n_ranks``) counts as the section's ``n_ranks`` or
+    ``n_engines`` (else its largest ``n_*`` size), marked ``exact=False``.
+
+    Returns ``{"section", "clusters": [{"cell", "line", "n", "expr", "exact", "alive_with"}], "peak"}``:
+    ``alive_with`` are the indices of the clusters still alive when this one starts, and ``peak`` the most
+    engines alive at the same time (12e: its n_load engines stay up while n_save more save a checkpoint).
+    """
+    import ast
+    import json
+
+    from ddlcourse import config
+    scale = config.get_scale(scale)
+    nb = json.loads(open(path).read())
+    sizes: dict[str, tuple[str, str]] = {}      # name -> (section, scale)
+    state = {"section": None, "clusters": [], "alive": {}, "peak": 0}
+
+    def sizes_call(node):
+        """``config.sizes("sec"[, scale=...])`` -> (section, scale), else None."""
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sizes"
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            sc = next((k.value.value for k in node.keywords if k.arg == "scale" and isinstance(k.value, ast.Constant)),
+                      None)
+            if sc is None and state["section"] is None:
+                state["section"] = node.args[0].value
+            return node.args[0].value, sc or scale
+        return None
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Attribute):
+            src = sizes.get(node.value.id) if isinstance(node.value, ast.Name) else sizes_call(node.value)
+            if src is not None:
+                v = config.PROFILES.get(src[0], {}).get(src[1], {}).get(node.attr)
+                return v if isinstance(v, int) else None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("max", "min") \
+                and node.args and not node.keywords:
+            vals = [value(a) for a in node.args]
+            if None not in vals:
+                return max(vals) if node.func.id == "max" else min(vals)
+        return None
+
+    def is_start(node) -> bool:
+        f = getattr(node, "func", None)
+        return isinstance(node, ast.Call) and (
+            (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "cluster"
+             and f.attr in _STARTERS) or (isinstance(f, ast.Name) and f.id == "MPICluster"))
+
+    def start(call, cell, name):
+        arg = next((k.value for k in call.keywords if k.arg == "n"), call.args[0] if call.args else None)
+        n = value(arg) if arg is not None else None
+        exact = n is not None
+        if n is None:                            # bounded by the section's counts (08: ranks <= S.n_ranks)
+            sec = config.PROFILES.get(state["section"] or "", {}).get(scale, {})
+            n = _profile_engines(state["section"] or "", scale) or max(
+                [v for k, v in sec.items() if k.startswith("n_") and isinstance(v, int)], default=0)
+        idx = len(state["clusters"])
+        state["clusters"].append(dict(cell=cell, line=call.lineno, n=n, exact=exact,
+                                      expr=ast.unparse(arg) if arg is not None else "(default)",
+                                      alive_with=sorted(i for i in state["alive"].values())))
+        key = name if name is not None else f"<anonymous {idx}>"
+        if key in state["alive"]:                # rebound while alive: the old one stays up, under a new key
+            state["alive"][f"<lost {state['alive'][key]}>"] = state["alive"].pop(key)
+        state["alive"][key] = idx
+        state["peak"] = max(state["peak"], sum(state["clusters"][i]["n"] for i in state["alive"].values()))
+        return key
+
+    def visit(stmts, cell):
+        for st in stmts:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(st, ast.Assign):
+                src = sizes_call(st.value)
+                if src is not None:
+                    for t in st.targets:
+                        if isinstance(t, ast.Name):
+                            sizes[t.id] = src
+                    continue
+                if is_start(st.value) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                    start(st.value, cell, st.targets[0].id)
+                    continue
+            if isinstance(st, (ast.With, ast.AsyncWith)):
+                opened = []
+                for item in st.items:
+                    ce, var = item.context_expr, item.optional_vars
+                    if is_start(ce):
+                        opened.append(start(ce, cell, var.id if isinstance(var, ast.Name) else None))
+                    elif isinstance(ce, ast.Name) and ce.id in state["alive"]:
+                        opened.append(ce.id)
+                    else:
+                        scan(ce, cell)
+                visit(st.body, cell)
+                for key in opened:
+                    state["alive"].pop(key, None)
+                continue
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
+                    and isinstance(st.value.func, ast.Attribute) and st.value.func.attr == "stop" \
+                    and isinstance(st.value.func.value, ast.Name) and st.value.func.value.id in state["alive"]:
+                state["alive"].pop(st.value.func.value.id)
+                continue
+            bodies = [getattr(st, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(st, f, None), list)]
+            bodies += [h.body for h in getattr(st, "handlers", [])]
+            if bodies:                            # if / for / while / try: their statements, in order
+                for field_name in ("test", "iter"):
+                    if getattr(st, field_name, None) is not None:
+                        scan(getattr(st, field_name), cell)
+                for b in bodies:
+                    visit(b, cell)
+                continue
+            scan(st, cell)
+
+    def scan(node, cell):
+        """Any other start inside an expression: a cluster nothing stops (alive to the end)."""
+        for sub in ast.walk(node):
+            sizes_call(sub)
+            if is_start(sub):
+                start(sub, cell, None)
+
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] != "code":
+            continue
+        src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        src = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        visit(tree.body, i)
+    return dict(section=state["section"], clusters=state["clusters"], peak=state["peak"])
+
+
 def engines_needed(scale: str | None = None) -> dict[str, int]:
-    """Engines each notebook section starts at ``scale`` (its ``n_ranks`` or ``n_engines``), largest first."""
+    """Engines alive at once in each notebook section at ``scale``, largest first.
+
+    A section's count is its profile's ``n_ranks``/``n_engines``, or more where its notebook keeps clusters
+    alive together (:func:`notebook_clusters`: 12e's ``n_load`` engines stay up while ``n_save`` more start).
+    """
     from ddlcourse import config
     scale = config.get_scale(scale)
     out = {}
-    for section, by_scale in config.PROFILES.items():
-        sizes = by_scale.get(scale, {})
-        n = max([v for k, v in sizes.items() if k in ("n_ranks", "n_engines") and isinstance(v, int)], default=0)
+    for section in config.PROFILES:
+        n = _profile_engines(section, scale)
         if n:
             out[section] = n
+    for path in notebook_paths():
+        found = notebook_clusters(path, scale)
+        if found["section"] and found["peak"] > out.get(found["section"], 0):
+            out[found["section"]] = found["peak"]
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
@@ -292,8 +454,8 @@ def allocation_advice(scale: str | None, ntasks: int, gpus_per_node: int | None 
     big = {s: n for s, n in need.items() if n > ntasks}
     if big:
         listed = ", ".join(f"{s} ({n})" for s, n in big.items())
-        out.append(f"{ntasks} task(s) in this allocation, but at scale {scale!r} these sections start more "
-                   f"engines: {listed}. Ask for at least {max(big.values())} tasks, or set DDLCOURSE_SCALE lower.")
+        out.append(f"{ntasks} task(s) in this allocation, but at scale {scale!r} these sections have more "
+                   f"engines alive at once: {listed}. Ask for at least {max(big.values())} tasks, or set DDLCOURSE_SCALE lower.")
     if gpus_per_node and tasks_per_node and tasks_per_node > gpus_per_node:
         out.append(f"{tasks_per_node} tasks per node but {gpus_per_node} GPU(s) per node: ranks will share GPUs "
                    "(rank -> cuda:<local_rank % n_gpus>). Ask for one task per GPU.")

@@ -173,6 +173,8 @@ PROFILES: dict[str, dict[str, dict]] = {
 
     # ---- lab 01 maize (issue 6): add sections below this line ----
     # field tiles of size x size px; n_train tiles in chunks of chunk_size (global batch = n_chunks * per_chunk)
+    # cluster: per_chunk 2 (was 4, a global batch of 256): the 1-rank strong-scaling point holds the whole global
+    # batch, and with GPU 0's NCCL communicators (world, 1/2/4/8-rank subgroups, Horovod's) it needed 18.5 GiB
     "lab_maize": {
         "smoke": dict(size=64, n_rows=2, n_slots=5, n_train=32, chunk_size=8, n_val=16, val_chunk_size=4,
                       per_chunk=2, seg_epochs=2, ae_epochs=2, width=8, depth=2, ae_width=8, latent=8, crop=32,
@@ -181,7 +183,7 @@ PROFILES: dict[str, dict[str, dict]] = {
                        per_chunk=2, seg_epochs=8, ae_epochs=8, width=12, depth=2, ae_width=12, latent=8, crop=32,
                        lr=3e-3, ae_lr=3e-3, weak_chunks_per_rank=1, scaling_epochs=1, n_engines=4),
         "cluster": dict(size=128, n_rows=4, n_slots=10, n_train=16384, chunk_size=256, n_val=1024,
-                        val_chunk_size=64, per_chunk=4, seg_epochs=40, ae_epochs=30, width=32, depth=3,
+                        val_chunk_size=64, per_chunk=2, seg_epochs=40, ae_epochs=30, width=32, depth=3,
                         ae_width=32, latent=16, crop=32, lr=2e-3, ae_lr=2e-3, weak_chunks_per_rank=8,
                         scaling_epochs=5, n_engines=8),
     },
@@ -229,8 +231,10 @@ PROFILES: dict[str, dict[str, dict]] = {
         # laptop: 8 epochs of 920 clips ran the notebook for over 18 minutes on 2 cores; the lab must fit 10
         "laptop": dict(n_clips=460, n_val=115, frames=12, size=48, width=8, feat=32, hidden=64, epochs=4,
                        global_batch=16, lr=1e-3, n_ranks=4, scaling_epochs=1),
+        # cluster: global_batch 64 (was 128): the 1-rank strong-scaling point holds the whole global batch, and
+        # with GPU 0's NCCL communicators and the kernel's context counted (plan.py) 128 needed 17.8 GiB
         "cluster": dict(n_clips=23000, n_val=2300, frames=16, size=64, width=16, feat=128, hidden=256, epochs=30,
-                        global_batch=128, lr=2e-3, n_ranks=8, scaling_epochs=2),
+                        global_batch=64, lr=2e-3, n_ranks=8, scaling_epochs=2),
     },
 
     # ---- issue 23 (resilience): mixed precision, fault tolerance, native sharding + DCP, profiling ----

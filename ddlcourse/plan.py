@@ -20,6 +20,33 @@ How each number is estimated (the same text is printed under the table):
   CPU forward+backward (:func:`ddlcourse.memory.measure`) within 10%.
 * **Other** (in the GPU total): the gradients that flow during backward, taken as twice the largest saved
   tensor, plus :data:`CUDA_OVERHEAD` for the CUDA context, cuDNN/cuBLAS workspaces and allocator slack.
+* **Communicators, contexts, second copies** (the ``comm+ctx`` column, in the GPU total): what GPU 0 holds
+  besides the workload, counted per section by :data:`OVERHEADS` (see :func:`overheads`). GPU 0 is the
+  busiest GPU: local rank 0 belongs to every "first k ranks" subgroup, and the notebook kernel runs there.
+
+  - one NCCL communicator for the world, one per subgroup the notebook creates (``dist.subgroup(k)``, so
+    ``mp.on_first_ranks(k, ...)`` and every ``training.run`` / ``scaling_experiment`` on k ranks), one per
+    dimension of a multi-dimensional device mesh (``dcp.mesh_2d`` / ``init_device_mesh`` with 2 dimensions;
+    a 1-D mesh over the world reuses the world's group) and Horovod's own when Horovod all-reduces on the GPU.
+    The engines cache their groups for the life of the cluster, so they add up over a notebook.
+    :data:`NCCL_COMM_BYTES` (1 GiB) per communicator of 2 or more ranks. The assumption, from NCCL's
+    documented defaults (``NCCL_BUFFSIZE`` 4 MiB for the Simple protocol, plus about 4.6 MiB for LL128 and
+    0.5 MiB for LL, per channel and per peer connection; ``NCCL_MAX_NCHANNELS`` up to 32 on NVLink/NVSwitch
+    nodes): a ring (2 peers) and a tree (up to 4 peers) on 16-32 channels hold 0.3-1.2 GiB of buffers, plus
+    the work FIFO, the proxy state, the point-to-point channels that send/recv and all_to_all open, and on
+    H100 NVSwitch nodes the NVLS buffers. Measured per-communicator figures on 8-GPU nodes run 0.5-1.6 GB
+    (the figure the course's issue 29 quotes); 1 GiB is that range's middle, and it is set once here.
+    A communicator of one rank has no peers and no channel buffers: :data:`NCCL_SOLO_BYTES` (64 MiB: the
+    work FIFO and device-side state).
+  - :data:`CUDA_CONTEXT_BYTES` (512 MiB, the top of the 300-500 MB a context of a recent CUDA costs with
+    torch's kernels loaded) for every *other* process with a context on GPU 0: the notebook kernel (it may
+    touch ``cuda:0``, e.g. ``rank_device()`` off the ranks), a second cluster started while the first one is
+    alive (no notebook does it: :func:`ddlcourse.checks.notebook_clusters` says so, and a test checks it), a job
+    launched beside the engines (08b's Horovod timeline). Each such process on the
+    GPU also holds its own communicators and model state (the caching allocator keeps its peak reserved).
+  - second copies a notebook makes: 08b's ``torch.compile`` comparison keeps the eager DDP model and a
+    compiled deep copy (weights, gradients, DDP's gradient buckets, the compiled graph's saved activations);
+    12d's traffic measurement at ``sweep_tokens`` tokens per rank (:func:`moe_traffic_bytes`).
 * **Host memory per node**: (data one rank holds + :data:`PROCESS_OVERHEAD` per process) times the ranks of
   that run on one node (nodes of :data:`GPUS_PER_NODE` GPUs). Sections that run in the notebook's own kernel
   (no cluster) hold their model state and activations on the host as well.
@@ -44,7 +71,11 @@ GiB = 2 ** 30
 GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
 HOST_BUDGET = 64 * GiB           # host memory per rank (a node of 8 GPUs with 512 GB)
 GPUS_PER_NODE = 8                # the allocation env/slurm/README.md and env/GPU_CLUSTER.md document
+MiB = 2 ** 20
 CUDA_OVERHEAD = 1 * GiB          # CUDA context + library workspaces + caching-allocator slack, per GPU
+NCCL_COMM_BYTES = 1 * GiB        # one NCCL communicator of 2+ ranks on an 8-GPU node (see the module docstring)
+NCCL_SOLO_BYTES = 64 * MiB       # one NCCL communicator of 1 rank: no peers, no channel buffers
+CUDA_CONTEXT_BYTES = 512 * MiB   # one more process's CUDA context on the same GPU
 PROCESS_OVERHEAD = 3 * GiB       # Python, torch, CUDA runtime and MPI buffers on the host, per process
 
 # tensors of the parameters' size kept per parameter; "soap" adds its preconditioner matrices (see below)
@@ -95,10 +126,18 @@ class Estimate:
     host_per_node: float
     on_host: bool
     batch: str
+    overhead: int = 0                            # communicators, other contexts, second copies (Overheads)
+    overhead_why: str = ""
 
     @property
     def gpu_total(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.activations + self.other
+        return self.weights + self.grads + self.optimizer + self.activations + self.other + self.overhead
+
+    @property
+    def state(self) -> int:
+        """The workload's own device memory without the CUDA overhead (a second process running it holds this)."""
+        return self.weights + self.grads + self.optimizer + self.activations + self.other - (
+            0 if self.on_host else CUDA_OVERHEAD)
 
 
 # =========================================================================== the estimators
@@ -512,6 +551,148 @@ SECTIONS: dict[str, Callable] = {
 }
 
 
+# =========================================================================== communicators, contexts, copies
+@dataclass
+class Overheads:
+    """What GPU 0 holds for a section besides its workload (see the module docstring)."""
+    groups: list                  # rank counts of the NCCL communicators local rank 0 holds (world first)
+    contexts: int = 1             # CUDA contexts of *other* processes on GPU 0 (default: the notebook kernel)
+    copies: list = None           # (label, bytes): second copies, co-resident processes' state, measurements
+
+    @property
+    def communicators(self) -> int:
+        return len(self.groups)
+
+    @property
+    def nccl_bytes(self) -> int:
+        return sum(NCCL_COMM_BYTES if k > 1 else NCCL_SOLO_BYTES for k in self.groups)
+
+    @property
+    def bytes(self) -> int:
+        return self.nccl_bytes + self.contexts * CUDA_CONTEXT_BYTES + sum(b for _, b in self.copies or [])
+
+    def why(self) -> str:
+        parts = [f"{self.communicators} NCCL communicator(s) of {'/'.join(map(str, self.groups))} ranks",
+                 f"{self.contexts} other CUDA context(s)"]
+        parts += [f"{label} {_g(b)} GiB" for label, b in self.copies or []]
+        return ", ".join(parts)
+
+
+def _groups(n: int, subgroups=(), mesh_dims: int = 0, horovod: bool = False) -> list:
+    """World (n ranks), one per distinct ``dist.subgroup(k)`` size, one per mesh dimension, Horovod's."""
+    out = [n] + sorted({k for k in subgroups if 1 <= k <= n})
+    out += [max(2, n // 2)] * mesh_dims         # a (dp, tp) mesh of n ranks: groups of n/dp and dp ranks
+    return out + ([n] if horovod else [])
+
+
+def _scaling_ranks(n: int) -> tuple:
+    """The 1, 2, 4, ... n rank points of a scaling experiment run on one cluster (training.run / subgroup)."""
+    return tuple(k for k in (1, 2, 4, 8, 16, 32) if k <= n) + (n,)
+
+
+def moe_traffic_bytes(tokens_per_rank: int, ep: int, dim: int, hidden: int, experts_per_rank: int, top_k: int,
+                      capacity_factor: float = 2.0) -> int:
+    """GPU bytes of one rank in ``expert.measure_traffic`` (12d), worst case: every local expert full.
+
+    Forward: the whole token set ``tokens_per_rank * ep x dim`` (every rank builds it, then slices its own),
+    its slice and the slice's gradient, router logits and probabilities (3 tensors of tokens x experts), the
+    dispatched rows ``x[tok]`` (tokens x top_k), the received rows (``local * ep * capacity`` at most), the
+    expert MLP's hidden activations (2 of rows x hidden), ``out`` rebuilt once per local expert
+    (``index_copy``), the combined rows and their gated copy, ``y``. Backward sends a gradient of the same
+    size through each of them: the activations count twice. The experts themselves are small (listed apart).
+    """
+    from ddlcourse.models.transformer import expert_capacity
+    E = experts_per_rank * ep
+    local = experts_per_rank
+    cap = expert_capacity(tokens_per_rank, E, top_k, capacity_factor)
+    sent = tokens_per_rank * top_k
+    recv = min(local * ep * cap, sent * ep)
+    elems = (tokens_per_rank * ep * dim                     # the whole token set
+             + 2 * tokens_per_rank * dim                    # this rank's slice and its gradient
+             + 3 * tokens_per_rank * E                      # router logits, probabilities, top-k scratch
+             + sent * dim                                   # x[tok]
+             + recv * (dim + 2 * hidden)                    # received rows, expert hidden pre/post activation
+             + (local + 1) * recv * dim                     # out, rebuilt per local expert
+             + 2 * sent * dim + tokens_per_rank * dim)      # back, gated back, y
+    act = elems * F32
+    params = E * 2 * dim * hidden * F32 * 2                 # the serial MoE make_moe builds, with gradients
+    return int(2 * act + params)
+
+
+def _compiled_copy(e: "Estimate") -> int:
+    """08b's compare_compile: a deep copy under torch.compile (weights, gradients, DDP's buckets, the compiled
+    graph's saved activations) and the eager model's own DDP buckets."""
+    return e.weights + 2 * e.grads + e.activations + e.grads
+
+
+def _ov_default(s, ests) -> Overheads:
+    return Overheads(_groups(getattr(s, "n_ranks", getattr(s, "n_engines", 1))))
+
+
+def _ov_subgroups(sizes):
+    def ov(s, ests):
+        return Overheads(_groups(s.n_ranks, sizes(s)))
+    return ov
+
+
+def _ov_labs(horovod: bool = False):
+    def ov(s, ests):
+        n = getattr(s, "n_ranks", getattr(s, "n_engines", 1))
+        return Overheads(_groups(n, _scaling_ranks(n), horovod=horovod))
+    return ov
+
+
+def _ov_profiling(s, ests) -> Overheads:
+    e = max(ests, key=lambda x: x.gpu_total)
+    n = s.n_ranks
+    return Overheads(_groups(n, (1, n)) + [n],        # + the Horovod timeline job's own communicator
+                     contexts=2,                       # the notebook kernel and the Horovod timeline job
+                     copies=[("compiled copy (torch.compile)", _compiled_copy(e)),
+                             ("Horovod timeline job's model", e.state)])
+
+
+def _ov_expert(s, ests) -> Overheads:
+    n = s.n_ranks
+    traffic = moe_traffic_bytes(s.sweep_tokens, n, s.dim, s.hidden, s.experts_per_rank, s.top_k, 2.0)
+    return Overheads(_groups(n, (n,)), copies=[(f"traffic measurement, {s.sweep_tokens} tokens per rank", traffic)])
+
+
+def _ov_native(s, ests) -> Overheads:
+    # one cluster at a time (12e stops c before c_save starts): c's world + its (dp, tp) mesh's 2 dimensions;
+    # c_save's world alone is fewer, on fewer ranks, once c's processes and their communicators are gone
+    return Overheads(_groups(s.n_load, mesh_dims=2))
+
+
+OVERHEADS: dict[str, Callable] = {
+    "loss_integrity": _ov_subgroups(lambda s: (1, 2, 4, s.n_ranks)),
+    "data_parallel": lambda s, ests: Overheads(_groups(s.n_ranks, horovod=True)),
+    "scaling": _ov_subgroups(lambda s: _scaling_ranks(s.n_ranks)),
+    "model_parallel": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "pipeline": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "pipeline_schedules": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "tensor_spatial_sharded": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "federated": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "mixed_precision": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "sizing_layout": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "tensor_sequence_parallel": _ov_subgroups(lambda s: _scaling_ranks(s.n_ranks)),
+    "context_parallel": _ov_subgroups(lambda s: _scaling_ranks(s.n_ranks)),
+    "expert_parallel": _ov_expert,
+    "profiling": _ov_profiling,
+    "native_sharding_checkpoints": _ov_native,
+    "lab_maize": _ov_labs(horovod=True),
+    "lab_seismic": _ov_labs(), "topology": _ov_labs(), "lab_driving": _ov_labs(),
+}
+
+
+def overheads(section: str, scale: str | None = None, ests: list | None = None) -> Overheads:
+    """The communicators, other contexts and copies GPU 0 holds for ``section`` (default: the world's
+    communicator and the notebook kernel's context)."""
+    s = config.sizes(section, scale)
+    if ests is None:
+        ests = [estimate(section, w) for w in workloads(section, scale)]
+    return OVERHEADS.get(section, _ov_default)(s, [e for e in ests if not e.on_host] or ests)
+
+
 # =========================================================================== the plan
 def workloads(section: str, scale: str | None = None) -> list[Workload]:
     if section not in SECTIONS:
@@ -535,6 +716,11 @@ class Row:
 
 def plan_section(section: str, scale: str | None = None) -> Row:
     ests = [estimate(section, w) for w in workloads(section, scale)]
+    if any(not e.on_host for e in ests):          # a cluster section: GPU 0 also holds communicators, contexts ...
+        ov = overheads(section, scale, ests)
+        for e in ests:
+            if not e.on_host:
+                e.overhead, e.overhead_why = ov.bytes, ov.why()
     gpu = max(ests, key=lambda e: (not e.on_host, e.gpu_total))
     host = max(ests, key=lambda e: e.host_per_rank)
     return Row(section, max(e.ranks for e in ests), gpu, host, max(e.host_per_node for e in ests))
@@ -578,6 +764,9 @@ model state and activations are host memory (the GPU columns show them; no GPU i
     model's forward + loss on meta tensors of the per-rank batch shape (nothing allocated).
   other: 2 x the largest saved tensor (gradients in flight during backward) + {_g(CUDA_OVERHEAD)} GiB CUDA context,
     workspaces and allocator slack.
+  comm+ctx: GPU 0's NCCL communicators ({_g(NCCL_COMM_BYTES)} GiB each, {_g(NCCL_SOLO_BYTES)} GiB for one of 1 rank: world,
+    subgroups, mesh dimensions, Horovod's), {_g(CUDA_CONTEXT_BYTES)} GiB per other process's CUDA context on it
+    (notebook kernel, a second cluster or job) and second copies (08b's compiled model, 12d's traffic measurement).
   host/node: (data per rank + {_g(PROCESS_OVERHEAD)} GiB per process) x ranks of that run on one node of {GPUS_PER_NODE}
     GPUs, the largest over the section's workloads; data/rank: what one rank holds of the data set, for the
     workload with the most host memory per rank (a 1-rank point of a scaling run holds the whole set).
@@ -588,17 +777,20 @@ No meaningful device memory:
 
 def format_plan(rows: list[Row], scale: str) -> str:
     head = (f"{'section':<23}{'ranks':>5}  {'workload (its ranks)':<42}{'batch per rank':>18}{'params':>9}"
-            f"{'weights':>8}{'grads':>7}{'opt':>7}{'act':>8}{'other':>7}{'total':>8}{'':5}{'host/node':>9}"
+            f"{'weights':>8}{'grads':>7}{'opt':>7}{'act':>8}{'other':>7}{'comm+ctx':>9}{'total':>8}{'':5}{'host/node':>9}"
             f"{'data/rank':>10}  fits")
     lines = [f"scale profile: {scale}   (memory in GiB)", head, "-" * len(head)]
     for row in rows:
         g = row.gpu
         lines.append(
             f"{row.section:<23}{row.ranks:>5}  {(g.workload + f' ({g.ranks})')[:41]:<42}{g.batch:>18}{_n(g.params):>9}"
-            f"{_g(g.weights):>8}{_g(g.grads):>7}{_g(g.optimizer):>7}{_g(g.activations):>8}{_g(g.other):>7}"
+            f"{_g(g.weights):>8}{_g(g.grads):>7}{_g(g.optimizer):>7}{_g(g.activations):>8}{_g(g.other):>7}{_g(g.overhead):>9}"
             f"{_g(g.gpu_total):>8}{' host' if g.on_host else '':5}{_g(row.host_per_node):>9}"
             f"{_g(row.host.data_per_rank):>10}  {'NO' if row.overshoot() else 'yes'}")
     lines.append("-" * len(head))
+    for row in rows:
+        if row.gpu.overhead_why:
+            lines.append(f"comm+ctx {row.section}: {row.gpu.overhead_why}")
     for row in rows:
         for b in row.overshoot():
             lines.append("OVER BUDGET: " + b)

@@ -2,8 +2,9 @@
 # The instructor's GPU smoke test of the course. Run it inside a 1-node GPU allocation, then inside a 2-node
 # one, before teaching (see env/GPU_CLUSTER.md, "The smoke test"):
 #
-#   salloc --nodes=1 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=8 --time=1:00:00
-#   bash env/gpu_smoke.sh                         # every check, about 15-30 minutes
+#   salloc --nodes=1 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=8 --time=4:00:00
+#   bash env/gpu_smoke.sh                         # every check; nbval_cluster (every notebook at cluster scale)
+#                                                 # takes most of it: give the allocation 4 hours (--time below)
 #   bash env/gpu_smoke.sh --only build,ids,check  # a subset, a minute
 #   sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=8 env/gpu_smoke.sh
 #
@@ -21,9 +22,12 @@
 #   DDLCOURSE_SMOKE_CASES    labs to run (default: maize seismic topology driving)
 #   DDLCOURSE_SMOKE_NOTEBOOKS     what nbval runs (default: notebooks labs)
 #   DDLCOURSE_SMOKE_TIMEOUT  seconds per check (default 900; nbval gets 4x)
+#   DDLCOURSE_SMOKE_CLUSTER_TIMEOUT  seconds for nbval_cluster (default 7200)
+# After the checks, every PASS's log is searched: a LaunchError or a timeout turns the PASS into a FAIL, a
+# ClusterError into a WARN (13b kills a rank on purpose and prints its ClusterError).
 #   DDLCOURSE_SMOKE_LOGS     log dir (default results/gpu_smoke/<job id or date>)
 #SBATCH --job-name=ddl-gpu-smoke
-#SBATCH --time=01:00:00
+#SBATCH --time=04:00:00
 #SBATCH --output=ddl-gpu-smoke-%j.out
 set -uo pipefail
 
@@ -58,10 +62,11 @@ CASES=(${DDLCOURSE_SMOKE_CASES:-maize seismic topology driving})
 BACKENDS=(ddp horovod)
 NOTEBOOKS=(${DDLCOURSE_SMOKE_NOTEBOOKS:-notebooks labs})
 TIMEOUT=${DDLCOURSE_SMOKE_TIMEOUT:-900}
+CLUSTER_TIMEOUT=${DDLCOURSE_SMOKE_CLUSTER_TIMEOUT:-7200}
 
-IDS=(build pmi ids.srun ids.mpiexec check)
+IDS=(build pmi ids.srun ids.mpiexec check engines)
 for c in "${CASES[@]}"; do for b in "${BACKENDS[@]}"; do IDS+=("lab.$c.$b"); done; done
-IDS+=(bench.ddp bench.horovod nbval)
+IDS+=(bench_ddp sbatch.lab sbatch.engines nbval_cluster bench.ddp bench.horovod nbval)
 if [ "$LIST" = 1 ]; then printf '%s\n' "${IDS[@]}"; exit 0; fi
 
 # --only a,b: an item selects the id itself and every id under it ("ids" -> ids.srun, ids.mpiexec; "lab.maize").
@@ -144,7 +149,7 @@ launch() {
 }
 
 # ------------------------------------------------------------------------------------------------ reporting
-N_PASS=0 N_FAIL=0 N_SKIP=0 FAILED=()
+N_PASS=0 N_FAIL=0 N_SKIP=0 N_WARN=0 FAILED=() PASSED=()
 report() {   # report ID STATUS REASON [SECONDS]
   local line
   line=$(printf '%-4s %-22s %s' "$2" "$1" "$3$RETRY_NOTE")
@@ -152,7 +157,7 @@ report() {   # report ID STATUS REASON [SECONDS]
   [ -n "${4:-}" ] && line="$line [${4} s]"
   [ "$2" = FAIL ] && line="$line (log: $LOGDIR/$1.log)"
   echo "$line"; echo "$line" >> "$SUMMARY"
-  case "$2" in PASS) N_PASS=$((N_PASS + 1)) ;; FAIL) N_FAIL=$((N_FAIL + 1)); FAILED+=("$1") ;; *) N_SKIP=$((N_SKIP + 1)) ;; esac
+  case "$2" in PASS) N_PASS=$((N_PASS + 1)); PASSED+=("$1") ;; WARN) N_WARN=$((N_WARN + 1)) ;; FAIL) N_FAIL=$((N_FAIL + 1)); FAILED+=("$1") ;; *) N_SKIP=$((N_SKIP + 1)) ;; esac
 }
 # run_logged ID TIMEOUT_S CMD...: run with output to ID.log; sets RC and SECS. A launch whose MPI_Init aborted
 # (seen with pip's MPICH under srun --mpi=pmi2 when a killed job had left a segment of the same job id in
@@ -279,6 +284,121 @@ check_nbval() {   # every notebook at smoke scale inside this allocation (engine
   fi
 }
 
+check_engines() { # the notebooks' engines: every rank allocates on its own GPU (one distinct GPU per local rank)
+  local script=$LOGDIR/engines_check.py
+  cat > "$script" <<'PYEOF'
+import sys
+from ddlcourse import cluster
+
+
+def probe():
+    import socket
+    import torch
+    from ddlcourse import dist
+    info = dist.init(horovod=False)
+    x = torch.ones(1 << 20, device=info.device)            # 4 MiB on the rank's device
+    dev = torch.device(info.device)
+    out = dict(rank=info.rank, host=socket.gethostname(), local_rank=info.local_rank, device=str(dev),
+               allocated=0, uuid=None)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        out["allocated"] = int(torch.cuda.memory_allocated(dev))
+        out["uuid"] = str(getattr(torch.cuda.get_device_properties(dev), "uuid", dev.index))
+    del x
+    return out
+
+
+n, need_gpu = int(sys.argv[1]), sys.argv[2] == "1"
+with cluster.MPICluster(n=n) as c:
+    rows = c.run(probe)
+problems = []
+for r in rows:
+    print(f"engine: rank {r['rank']} on {r['host']} local {r['local_rank']} {r['device']} gpu {r['uuid']} "
+          f"allocated {r['allocated']} bytes")
+if len(rows) != n:
+    problems.append(f"{len(rows)} engines answered, {n} expected")
+if need_gpu:
+    cpu = [r["rank"] for r in rows if r["allocated"] <= 0]
+    if cpu:
+        problems.append(f"engine rank(s) {cpu} allocated no CUDA memory (stayed on the CPU)")
+    seen = {}
+    for r in rows:
+        key = (r["host"], r["uuid"])
+        if key in seen:
+            problems.append(f"engine ranks {seen[key]} and {r['rank']} share one GPU ({r['uuid']} on {r['host']})")
+        seen[key] = r["rank"]
+        if r["device"] != f"cuda:{r['local_rank']}" and r["device"] != "cuda:0":
+            problems.append(f"engine rank {r['rank']} (local {r['local_rank']}) uses {r['device']}")
+print("engines: " + ("FAIL: " + "; ".join(problems) if problems else
+                     f"OK: {len(rows)} engines, " + ("one distinct GPU each, memory allocated on it" if need_gpu
+                                                       else "CPU ranks")))
+sys.exit(1 if problems else 0)
+PYEOF
+  local need=1; [ "$DRY" = 1 ] && need=0
+  run_logged engines "$TIMEOUT" env DDLCOURSE_RUNTIME_DIR="$LOGDIR/runtime-engines" "$PY" "$script" "$NTASKS" "$need"
+  local verdict; verdict=$(logline engines '^engines: ')
+  if [ "$RC" = 0 ] && [[ "$verdict" == "engines: OK"* ]]; then report engines PASS "${verdict#engines: OK: }" "$SECS"
+  elif [ -n "$verdict" ]; then report engines FAIL "${verdict#engines: FAIL: }" "$SECS"
+  else report engines FAIL "$(last_error engines)" "$SECS"; fi
+}
+
+check_bench_ddp() {   # python -m ddlcourse.bench_ddp: DDP (gloo), DDP + MPI hook, Horovod side by side; timed, never judged
+  launch "$LAUNCHER"
+  run_logged bench_ddp "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse.bench_ddp --steps 3 --reps 2
+  if [ "$RC" = 0 ]; then report bench_ddp PASS "$NTASKS ranks via $LAUNCHER: $(grep -v '^# ' "$LOGDIR/bench_ddp.log" | grep -v '^ *$' | tail -1 | cut -c1-160)" "$SECS"
+  else report bench_ddp FAIL "$(last_error bench_ddp)" "$SECS"; fi
+}
+
+# check_sbatch lab|engines: the template itself, run with `bash` inside this allocation (it reads the allocation's
+# SLURM_* variables and starts its ranks with srun, as under sbatch). Not `sbatch --wait`: a job submitted from
+# inside an allocation would wait for the nodes this allocation holds. Dry run: the template's own dry-run form.
+check_sbatch() {
+  local which=$1 id=sbatch.$1 tpl=$ROOT/env/slurm/$1.sbatch args=()
+  [ "$which" = lab ] && args=(check)
+  if [ "$DRY" = 1 ]; then
+    run_logged "$id" 120 env DDLCOURSE_DRY_RUN=1 DDLCOURSE_PYTHON="$PY" bash "$tpl" "${args[@]}"
+  else
+    run_logged "$id" "$TIMEOUT" env DDLCOURSE_PYTHON="$PY" DDLCOURSE_SCALE=smoke DDLCOURSE_RESULTS="$LOGDIR/results/sbatch" \
+        DDLCOURSE_RUNTIME_DIR="$LOGDIR/runtime-sbatch" bash "$tpl" "${args[@]}"
+  fi
+  if [ "$RC" = 0 ]; then
+    local how="ran in this allocation"; [ "$DRY" = 1 ] && how="dry run: $(grep -v '^# ' "$LOGDIR/$id.log" | tail -1 | cut -c1-120)"
+    report "$id" PASS "env/slurm/$which.sbatch ${args[*]}: $how" "$SECS"
+  else report "$id" FAIL "$(last_error "$id")" "$SECS"; fi
+}
+
+check_nbval_cluster() {   # every notebook and lab at cluster scale: the sizes plan.py promises fit these GPUs
+  need_gpu nbval_cluster || return 0
+  local need; need=$("$PY" -m ddlcourse.checks engines --scale cluster 2>/dev/null || echo 0)
+  if [ "$need" -gt "$NTASKS" ]; then
+    report nbval_cluster SKIP "the notebooks start up to $need engines at cluster scale; this allocation has $NTASKS task(s) (run it in the 2-node allocation)"; return 0
+  fi
+  run_logged nbval_cluster "$CLUSTER_TIMEOUT" env DDLCOURSE_SCALE=cluster DDLCOURSE_RUNTIME_DIR="$LOGDIR/runtime-cluster" \
+      "$PY" -m pytest -p no:cacheprovider -o addopts="" --nbval-lax --nbval-sanitize-with tests/sanitize.cfg \
+      "${NOTEBOOKS[@]}"
+  local tally; tally=$(grep -E '[0-9]+ (passed|failed)' "$LOGDIR/nbval_cluster.log" | tail -1 | tr -d '=' | sed 's/^ *//')
+  if [ "$RC" = 0 ]; then report nbval_cluster PASS "${NOTEBOOKS[*]} at cluster scale: $tally" "$SECS"
+  else
+    local bad; bad=$(grep -oE '^FAILED [^: ]+' "$LOGDIR/nbval_cluster.log" | awk '{print $2}' | sort -u | xargs)
+    report nbval_cluster FAIL "${bad:+failed: $bad; }${tally:-$(last_error nbval_cluster "$CLUSTER_TIMEOUT")}" "$SECS"
+  fi
+}
+
+# After every check: a PASS whose log shows a LaunchError or a timeout becomes a FAIL (something was retried or
+# hidden: the run did not go the way it should); a ClusterError becomes a WARN (13b provokes one on purpose).
+LOG_FAIL_RE='LaunchError|TimeoutError|TimeoutExpired|timed out'
+LOG_WARN_RE='ClusterError'
+recheck_logs() {
+  local id hit
+  for id in "${PASSED[@]}"; do
+    [ -f "$LOGDIR/$id.log" ] || continue
+    hit=$(grep -E "$LOG_FAIL_RE" "$LOGDIR/$id.log" | tail -1 | cut -c1-200)
+    if [ -n "$hit" ]; then N_PASS=$((N_PASS - 1)); report "$id" FAIL "was PASS, but its log has: $hit"; continue; fi
+    hit=$(grep -E "$LOG_WARN_RE" "$LOGDIR/$id.log" | tail -1 | cut -c1-200)
+    [ -n "$hit" ] && report "$id" WARN "PASS, but its log has: $hit"
+  done
+}
+
 # ------------------------------------------------------------------------------------------------ run them
 MODE="GPU allocation"; [ "$DRY" = 1 ] && MODE="dry run (CPU ranks, no GPU)"
 echo "gpu_smoke: $MODE; $NNODES node(s), $NTASKS task(s), $TPN per node, $GPN GPU(s) per node, $THREADS thread(s) per rank"
@@ -295,12 +415,18 @@ for id in "${IDS[@]}"; do
     ids.srun) check_ids srun ;;
     ids.mpiexec) check_ids mpiexec ;;
     check) check_check ;;
+    engines) check_engines ;;
+    bench_ddp) check_bench_ddp ;;
+    sbatch.*) check_sbatch "${id#sbatch.}" ;;
+    nbval_cluster) check_nbval_cluster ;;
     lab.*) rest=${id#lab.}; check_lab "${rest%.*}" "${rest##*.}" ;;
     bench.*) check_bench "${id#bench.}" ;;
     nbval) check_nbval ;;
   esac
 done
-echo "gpu_smoke: $N_PASS PASS, $N_FAIL FAIL, $N_SKIP SKIP ($MODE, $NNODES node(s), $NTASKS task(s)); logs in $LOGDIR" \
+recheck_logs
+WARNS=""; [ "$N_WARN" != 0 ] && WARNS=", $N_WARN WARN"
+echo "gpu_smoke: $N_PASS PASS, $N_FAIL FAIL, $N_SKIP SKIP$WARNS ($MODE, $NNODES node(s), $NTASKS task(s)); logs in $LOGDIR" \
   | tee -a "$SUMMARY"
 [ "$N_FAIL" = 0 ] || { echo "gpu_smoke: FAILED: ${FAILED[*]}"; exit 1; }
 exit 0

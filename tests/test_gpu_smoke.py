@@ -200,15 +200,60 @@ def test_srun_mpi_plugin_of_this_venv(monkeypatch):
 
 
 def test_engines_needed_and_allocation_advice():
+    from ddlcourse import config
     smoke = checks.engines_needed("smoke")
-    assert smoke["setup_check"] == 2 and max(smoke.values()) == 4
+    s12e = config.sizes("native_sharding_checkpoints", "smoke")
+    peak = max(smoke.values())
+    assert smoke["setup_check"] == 2 and smoke["native_sharding_checkpoints"] == max(s12e.n_load, s12e.n_save)
     cluster = checks.engines_needed("cluster")
     assert cluster["setup_check"] == 8
-    assert checks.allocation_advice("smoke", 4, gpus_per_node=4, tasks_per_node=4) == []
+    assert checks.allocation_advice("smoke", peak, gpus_per_node=peak, tasks_per_node=peak) == []
     small = checks.allocation_advice("smoke", 2)
-    assert len(small) == 1 and "Ask for at least 4 tasks" in small[0]
+    assert len(small) == 1 and f"Ask for at least {peak} tasks" in small[0]
     shared = checks.allocation_advice("smoke", 8, gpus_per_node=2, tasks_per_node=4)
     assert len(shared) == 1 and "ranks will share GPUs" in shared[0]
+
+
+def test_engines_needed_counts_every_cluster_alive_at_once():
+    """12e stops its n_load-engine cluster before a second one of n_save engines saves the checkpoint, so the
+    two never add up (the synthetic notebook below shows clusters alive together do)."""
+    from ddlcourse import config
+    nb = ROOT / "notebooks" / "12e_native_sharding_checkpoints.ipynb"
+    for scale in config.SCALES:
+        s = config.sizes("native_sharding_checkpoints", scale)
+        found = checks.notebook_clusters(nb, scale)
+        assert found["section"] == "native_sharding_checkpoints"
+        assert [(c["n"], c["expr"], c["exact"], c["alive_with"]) for c in found["clusters"]][:2] == \
+            [(s.n_load, "S.n_load", True, []), (s.n_save, "S.n_save", True, [])]
+        assert found["peak"] == max(s.n_load, s.n_save)
+        assert checks.engines_needed(scale)["native_sharding_checkpoints"] == max(s.n_load, s.n_save)
+    # clusters one after the other (09b's with-blocks, 13b's stop-then-restart) do not add up
+    for name in ("09b_mixed_precision.ipynb", "13b_fault_tolerance.ipynb", "14_data_pipeline.ipynb"):
+        found = checks.notebook_clusters(ROOT / "notebooks" / name, "cluster")
+        assert len(found["clusters"]) >= 2 and all(c["alive_with"] == [] for c in found["clusters"]), name
+        assert found["peak"] == config.sizes(found["section"], "cluster").n_ranks, name
+    # every start the scan meets reads its n, except 08's max(ranks) (bounded by S.n_ranks)
+    inexact = {(p.name, c["expr"]) for p in checks.notebook_paths()
+               for c in checks.notebook_clusters(p, "cluster")["clusters"] if not c["exact"]}
+    assert inexact == {("08_scaling.ipynb", "max(ranks)")}
+
+
+def test_notebook_clusters_reads_lifetimes(tmp_path):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        'S = config.sizes("native_sharding_checkpoints")',
+        "a = cluster.start(n=S.n_load)\nb = cluster.MPICluster(n=3)\nb.start()",
+        "b.stop()\nwith cluster.MPICluster(n=max(S.n_save, 1)) as c:\n    c.run(f)",
+        "d = cluster.start(n=len(hosts))",            # not readable: the section's largest n_* (n_load), not exact
+        "a.stop()\nd.stop()\nwith cluster.MPICluster(n=2) as e:\n    pass",
+    )]
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    found = checks.notebook_clusters(path, "smoke")
+    assert [(c["n"], c["exact"], c["alive_with"]) for c in found["clusters"]] == \
+        [(4, True, []), (3, True, [0]), (2, True, [0]), (4, False, [0]), (2, True, [])]
+    assert found["peak"] == 8                       # a and d: 4 + 4
 
 
 def test_agree_counts_device_allreduces():
@@ -220,3 +265,25 @@ def test_agree_counts_device_allreduces():
     assert not checks.agree([dict(base, devices=[ok, skipped])] * 2, 2, 1, require_cuda=True)
     assert not checks.agree([dict(base, devices=[error])] * 2, 2, 1)
     assert checks.agree([base] * 2, 2, 1)  # results without device allreduces (older callers) still agree
+
+
+@pytest.mark.mpi
+def test_a_pass_whose_log_has_a_launch_error_fails_and_a_cluster_error_warns(tmp_path):
+    """The final pass over the logs: a LaunchError (or a timeout) in a PASSed check's log makes it a FAIL;
+    a ClusterError makes it a WARN (13b provokes one on purpose)."""
+    real = subprocess.run([sys.executable, "-c", "from ddlcourse.cluster import find_mpiexec; print(find_mpiexec())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    fake = tmp_path / "mpiexec"
+    fake.write_text('#!/bin/bash\n'
+                    f'if [ "$1" = --version ]; then exec {real} --version; fi\n'
+                    'echo "$SAY"\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    for say, status, rc in (("ddlcourse.cluster.LaunchError: engines did not start", "FAIL", 1),
+                            ("ClusterError: engine 1 died", "WARN", 0)):
+        p = _smoke("--dry-run", "--only", "ids.mpiexec", "--log-dir", str(tmp_path / status),
+                   env=_env(DDLCOURSE_MPIEXEC=str(fake), SAY=say))
+        lines = [ln for ln in p.stdout.splitlines() if " ids.mpiexec " in ln]
+        assert p.returncode == rc, p.stdout + p.stderr
+        assert lines[0].startswith("PASS") and lines[-1].startswith(status) and say in lines[-1], p.stdout
+    assert "1 WARN" in p.stdout
