@@ -190,19 +190,67 @@ class _Held:
         self.counter.remove(self.key, self.nbytes)
 
 
-def _instrument(stage, events: list, rank: int, device) -> None:
-    """Record an event ``{rank, kind, micro_batch, stage, start, stop}`` around each compute call of ``stage``."""
+class _ChunkClock:
+    """Times the compute calls of one step without stopping the device between them.
+
+    On CUDA each call gets a pair of ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream
+    around it, and a reference event at the step's start; the events are read after the step, once the one
+    synchronize at its end has run (a ``torch.cuda.synchronize`` around every chunk would drain the queue the
+    schedule keeps full, and time that instead). Elsewhere a mark is the host clock, ``device.now``.
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.ref = None
+
+    def _event(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def start_step(self) -> float:
+        """The step's start: the device is idle (synchronised) here, so the reference event reads as ``t0``."""
+        t0 = now(self.device)
+        if self.cuda:
+            self.ref = self._event()
+        return t0
+
+    def mark(self):
+        """A point around a chunk: an event recorded on the stream (CUDA), else the clock."""
+        return self._event() if self.cuda else now(self.device)
+
+    def end_step(self) -> float:
+        """The step's end: the one synchronize, after which the events can be read."""
+        return now(self.device)
+
+    def seconds(self, mark, t0: float) -> float:
+        """A mark as a time on the host clock's scale (events: ``t0`` plus their time after the reference)."""
+        if self.cuda:
+            return t0 + self.ref.elapsed_time(mark) / 1e3
+        return mark
+
+
+def _instrument(stage, events: list, rank: int, clock: _ChunkClock) -> None:
+    """Record an event ``{rank, kind, micro_batch, stage, start, stop}`` around each compute call of ``stage``
+    (``start``/``stop`` are the clock's marks: read them with :func:`_resolve` after the step)."""
     fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
     def timed(kind, fn, mb, *a, **k):
-        t = now(device)
+        t = clock.mark()
         out = fn(mb, *a, **k)
-        events.append(dict(rank=rank, kind=kind, micro_batch=mb, stage=stage.stage_index, start=t, stop=now(device)))
+        events.append(dict(rank=rank, kind=kind, micro_batch=mb, stage=stage.stage_index, start=t, stop=clock.mark()))
         return out
 
     stage.forward_one_chunk = lambda mb, *a, **k: timed("F", fwd, mb, *a, **k)
     stage.backward_one_chunk = lambda mb, *a, **k: timed("B", bwd, mb, *a, **k)
     stage.backward_weight_one_chunk = lambda mb, *a, **k: timed("W", wgt, mb, *a, **k)
+
+
+def _resolve(events: list, clock: _ChunkClock, t0: float) -> list:
+    """The step's events with ``start``/``stop`` in seconds from ``t0`` (after :meth:`_ChunkClock.end_step`)."""
+    return [{**e, "start": clock.seconds(e["start"], t0) - t0, "stop": clock.seconds(e["stop"], t0) - t0}
+            for e in events]
 
 
 def _setup(schedule, num_micro_batches, micro_batch, dim, layers_per_rank, group, seed):
@@ -274,8 +322,9 @@ def measure(schedule: str, num_micro_batches: int, micro_batch: int, dim: int, l
     r = tdist.get_rank(group)
     _step(sched, mine, n_stages, x, y)                  # warm-up: shapes, buffers, first p2p
     events: list = []
+    clock = _ChunkClock(info.device)
     for st in stages:
-        _instrument(st, events, r, info.device)
+        _instrument(st, events, r, clock)
     busy, spans, last = [], [], []
     params = [q for mod in modules.values() for q in mod.parameters()]
     saved = _SavedBytes(params)
@@ -285,12 +334,12 @@ def measure(schedule: str, num_micro_batches: int, micro_batch: int, dim: int, l
             mod.zero_grad(set_to_none=True)
         tdist.barrier(group=group)
         saved.reset()
-        t0 = now(info.device)
+        t0 = clock.start_step()
         with saved.hooks():
             _step(sched, mine, n_stages, x, y)
-        spans.append(now(info.device) - t0)
-        busy.append(sum(e["stop"] - e["start"] for e in events))
-        last = [{**e, "start": e["start"] - t0, "stop": e["stop"] - t0} for e in events]
+        spans.append(clock.end_step() - t0)
+        last = _resolve(events, clock, t0)
+        busy.append(sum(e["stop"] - e["start"] for e in last))
     peak = saved.peak
     # one micro-batch through this rank's stages (plus the loss where the last stage lives), kept alive
     unit = _SavedBytes(params)

@@ -1,0 +1,554 @@
+"""Structural rules over the package's source (AST), checked without a GPU, in the manner of test_device_placement.
+
+Three mistakes that a CPU-only CI never sees, each found by reading the code:
+
+1. **Point-to-point goes through ``torch.distributed.batch_isend_irecv``.** A function of ``ddlcourse/`` that
+   *calls* torch.distributed's ``isend``/``irecv``/``send``/``recv`` itself violates the rule when it calls
+   both a sending (``isend``, ``send``) and a receiving (``irecv``, ``recv``) one, or calls one of them inside
+   a loop (``for``, ``while``, a comprehension). Nested functions count with the function that defines them
+   (a ``send``/``recv`` pair of closures is one exchange). Naming ``tdist.isend`` inside ``tdist.P2POp(...)``
+   is not a call, so a batched exchange, or a helper that batches (``context._sendrecv``), passes. Why: under
+   NCCL the messages between two ranks travel in the order they are posted on one stream, and a send waits
+   for its receive; when every rank of a ring posts ``isend`` to the next and then ``irecv`` from the previous
+   as separate calls, every rank waits in its send and the ring deadlocks. ``batch_isend_irecv`` posts the
+   sends and receives of a rank as one group. Exceptions: :data:`P2P_ALLOWED`, each with its reason.
+2. **No checkpoint or shared file in a temporary folder.** ``tempfile`` (``mkdtemp``, ``mkstemp``,
+   ``TemporaryDirectory``, ``NamedTemporaryFile``, ``gettempdir``, ...) and ``"/tmp..."`` string literals
+   (docstrings aside) are flagged in every function of ``ddlcourse/`` and in the code cells of the notebooks
+   and labs: each node has its own /tmp, so a rank on another node finds nothing there. Checkpoints and files
+   that ranks read go to ``ddlcourse.training.run_dir(name)`` (the shared results path). Exceptions:
+   :data:`TEMP_ALLOWED` (a private file that never crosses nodes), each with its reason.
+3. **A timer of device work waits for the device.** A function that reads the host clock
+   (``time.perf_counter``, ``time.time``, ``time.monotonic``, their ``_ns`` forms) and also does torch work
+   (names ``torch``/``torch.distributed``/``nn``/``F`` of its module's imports, or calls ``.backward()``,
+   ``.to(...)``, ``.cuda()``) is flagged, unless each read is the statement right after a
+   ``...synchronize(...)`` call: CUDA runs kernels asynchronously, so the clock must be read after a
+   synchronisation, i.e. through ``ddlcourse.device.now(device)``, ``RunContext.now``/``ctx.timer()`` or CUDA
+   events. Exceptions: :data:`HOST_TIMERS` (the course's clocks themselves, host-only timers such as cluster
+   start-up, file I/O and NumPy work, each with its reason).
+
+Each rule has a test that it fails on the code it was written against (the old ring attention, the old 12e).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "ddlcourse").rglob("*.py"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
+
+
+# --------------------------------------------------------------------------- reading the code
+def _dotted(node: ast.AST) -> str | None:
+    """``torch.distributed.isend`` -> "torch.distributed.isend"; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id] + parts[::-1])
+
+
+def _imports(tree: ast.Module) -> dict[str, str]:
+    """``{local name: the dotted module or object it stands for}`` from the module's imports."""
+    out = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.asname:
+                    out[a.asname] = a.name
+                else:
+                    out[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                out[a.asname or a.name] = f"{n.module}.{a.name}"
+    return out
+
+
+def _resolve(node: ast.AST, names: dict[str, str]) -> str | None:
+    """The dotted name a call's function stands for: ``tdist.isend`` -> "torch.distributed.isend"."""
+    d = _dotted(node)
+    if d is None:
+        return None
+    head, _, rest = d.partition(".")
+    if head in names:
+        return names[head] + ("." + rest if rest else "")
+    return d
+
+
+def _functions(tree: ast.Module):
+    """Top-level functions and methods (nested functions count with the function that defines them)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _calls(fn, names):
+    """``(call node, dotted name of what it calls, inside a loop?)`` for every call in ``fn``'s body."""
+    loops = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+    def walk(node, in_loop):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.Call):
+                yield ch, _resolve(ch.func, names), in_loop
+            yield from walk(ch, in_loop or isinstance(ch, loops))
+
+    yield from walk(fn, False)
+
+
+# --------------------------------------------------------------------------- rule 1: point-to-point
+P2P = "torch.distributed."
+SENDS, RECVS = {"isend", "send"}, {"irecv", "recv"}
+
+# (module, function) -> why its separate sends and receives cannot wait on each other round a cycle.
+P2P_ALLOWED = {
+    ("ddlcourse/parallel/model_parallel.py", "send_tensor"):
+        "one direction only (a stage to the next): a header then the tensor, to one peer, never a cycle",
+    ("ddlcourse/parallel/model_parallel.py", "recv_tensor"):
+        "one direction only: the header then the tensor from one peer; its sender never waits on this rank",
+    ("ddlcourse/parallel/spatial.py", "_exchange_with"):
+        "lab 2's learner-written halo exchange receives send/recv callbacks and orders them itself (the lab "
+        "teaches that order); the package's own halo exchange, halo_exchange, batches its four messages",
+    ("ddlcourse/parallel/branches.py", "BranchParallel._learners_head_step"):
+        "lab 4's learner-written head step receives send/recv callbacks: a star round the head rank (features "
+        "in, gradients out), no ring",
+    ("ddlcourse/parallel/branches.py", "BranchParallel.step"):
+        "a star round the head rank: branch ranks send features and receive gradients from the head, the "
+        "head the reverse, one peer at a time; no ring of ranks sending to each other",
+    ("ddlcourse/cases/driving.py", "_logits_mp"):
+        "forward only, a gather onto the head rank: branch ranks only send, the head only receives",
+}
+
+
+def p2p_findings(source: str, module: str = "<source>") -> list[str]:
+    """Every violation of rule 1 in ``source``."""
+    tree = ast.parse(source)
+    names = _imports(tree)
+    found = []
+    for name, fn in _functions(tree):
+        if (module, name) in P2P_ALLOWED:
+            continue
+        sends, recvs, looped = [], [], []
+        for call, what, in_loop in _calls(fn, names):
+            if not (what and what.startswith(P2P)) or what[len(P2P):] not in SENDS | RECVS:
+                continue
+            op = what[len(P2P):]
+            (sends if op in SENDS else recvs).append(f"{op}@{call.lineno}")
+            if in_loop:
+                looped.append(f"{op}@{call.lineno}")
+        if sends and recvs:
+            found.append(f"{module}: {name}() calls {', '.join(sends)} and {', '.join(recvs)} separately: put "
+                         "them in one torch.distributed.batch_isend_irecv")
+        elif looped:
+            found.append(f"{module}: {name}() calls {', '.join(looped)} in a loop: batch them with "
+                         "torch.distributed.batch_isend_irecv")
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_point_to_point_is_batched(module):
+    findings = p2p_findings((ROOT / module).read_text(), module)
+    assert not findings, "\n".join(findings)
+
+
+def _git_show(rev_path: str) -> str:
+    p = subprocess.run(["git", "show", rev_path], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"git show {rev_path}: {p.stderr.strip()[:200]} (a shallow clone?)")
+    return p.stdout
+
+
+def test_the_p2p_rule_sees_the_old_ring_attention():
+    """Before 70cc63e, ring attention's K/V shift posted isend then irecv as two calls (``_sendrecv``)."""
+    old = _git_show("70cc63e~1:ddlcourse/parallel/context.py")
+    bad = p2p_findings(old, "ddlcourse/parallel/context.py")
+    assert any("_sendrecv()" in f and "isend@" in f and "irecv@" in f for f in bad), bad
+    assert p2p_findings((ROOT / "ddlcourse/parallel/context.py").read_text(), "ddlcourse/parallel/context.py") == []
+
+
+P2P_BAD = '''
+import torch.distributed as tdist
+from torch import distributed as dist2
+
+def shift(x, nxt, prv):
+    out = x.clone()
+    reqs = [tdist.isend(x, nxt), tdist.irecv(out, prv)]
+    return out
+
+def ring(blocks, n, r):
+    for b in blocks:
+        dist2.send(b, (r + 1) % n)
+
+def pair_of_closures(x, peer):
+    def send(t):
+        tdist.isend(t, peer)
+    def recv(t):
+        tdist.recv(t, peer)
+    send(x); recv(x)
+'''
+P2P_GOOD = '''
+import torch.distributed as tdist
+
+def shift(x, nxt, prv):
+    out = x.clone()
+    for q in tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, x, nxt), tdist.P2POp(tdist.irecv, out, prv)]):
+        q.wait()
+    return out
+
+def one_way(x, peer):
+    tdist.send(x, peer)
+
+def other_way(x, peer):
+    tdist.recv(x, peer)
+
+def uses_the_helper(xs, nxt, prv):
+    return [shift(x, nxt, prv) for x in xs]
+'''
+
+
+def test_the_p2p_rule_flags_each_mistake_and_passes_the_fixes():
+    bad = p2p_findings(P2P_BAD)
+    assert [f.split("()")[0] for f in bad] == ["<source>: shift", "<source>: ring", "<source>: pair_of_closures"], bad
+    assert p2p_findings(P2P_GOOD) == []
+
+
+# --------------------------------------------------------------------------- rule 2: temporary folders
+TEMP_CALLS = {"mkdtemp", "mkstemp", "mktemp", "TemporaryDirectory", "NamedTemporaryFile", "TemporaryFile",
+              "SpooledTemporaryFile", "gettempdir", "gettempdirb"}
+
+# (module, function) -> why the temporary path never holds a checkpoint or a file another node reads.
+TEMP_ALLOWED = {
+    ("ddlcourse/cluster.py", "MPICluster.start"):
+        "the cluster's ipyparallel profile folder: mkdtemp(dir=runtime_dir()) only makes a unique name under the "
+        "course's runtime folder (the home or test root), never in the node's /tmp",
+    ("ddlcourse/datapipe.py", "scratch_dir"):
+        "mkdtemp(dir=root) only makes a unique name under the data cache root, which the learner points at a "
+        "file system",
+    ("ddlcourse/browser.py", "Chromium.__enter__"):
+        "headless Chromium's own profile for the slide checks, on the instructor's machine, one process",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _temp_uses(node: ast.AST, names: dict[str, str], docs: set[int]) -> list[str]:
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            what = _resolve(n.func, names) or ""
+            if what.startswith("tempfile.") and what.split(".", 1)[1] in TEMP_CALLS:
+                out.append(f"{what}()@{n.lineno}")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            if n.value == "/tmp" or n.value.startswith("/tmp/"):
+                out.append(f"{n.value!r}@{n.lineno}")
+    return out
+
+
+def temp_findings(source: str, module: str = "<source>") -> list[str]:
+    """Every violation of rule 2 in a module's ``source`` (its functions and its module-level code)."""
+    tree = ast.parse(source)
+    names, docs = _imports(tree), _docstrings(tree)
+    found = []
+    for name, fn in _functions(tree):
+        uses = _temp_uses(fn, names, docs)
+        if uses and (module, name) not in TEMP_ALLOWED:
+            found.append(f"{module}: {name}() uses {', '.join(uses)}: use training.run_dir(name)")
+    top = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    uses = [u for n in top for u in _temp_uses(n, names, docs)]
+    if uses:
+        found.append(f"{module}: module level uses {', '.join(uses)}")
+    return found
+
+
+def _code_cells(nb: dict) -> list[tuple[int, str]]:
+    return [(i, "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
+            for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+
+
+def notebook_temp_findings(nb: dict, name: str = "<notebook>") -> list[str]:
+    """Rule 2 on a notebook's code cells (IPython magics dropped; a cell that does not parse: by its text)."""
+    found = []
+    for i, src in _code_cells(nb):
+        py = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(py)
+        except SyntaxError:
+            if "tempfile" in src or "/tmp" in src:
+                found.append(f"{name} cell {i}: tempfile or /tmp in a cell that does not parse")
+            continue
+        names = _imports(tree)
+        names.setdefault("tempfile", "tempfile")      # imported in an earlier cell
+        uses = _temp_uses(tree, names, _docstrings(tree))
+        if uses:
+            found.append(f"{name} cell {i} uses {', '.join(uses)}: use training.run_dir(name)")
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_shared_file_in_a_temporary_folder(module):
+    findings = temp_findings((ROOT / module).read_text(), module)
+    assert not findings, "\n".join(findings)
+
+
+def test_no_notebook_writes_to_a_temporary_folder():
+    findings = [f for nb in NOTEBOOKS for f in notebook_temp_findings(json.loads(nb.read_text()), nb.name)]
+    assert not findings, "\n".join(findings)
+
+
+def test_every_temp_exception_is_still_used():
+    """An allowed entry whose function no longer uses a temporary path is dropped (it would hide a new one)."""
+    for module, name in TEMP_ALLOWED:
+        tree = ast.parse((ROOT / module).read_text())
+        fns = dict(_functions(tree))
+        assert name in fns, f"{module}: no function {name}"
+        assert _temp_uses(fns[name], _imports(tree), _docstrings(tree)), f"{module}:{name} uses no temporary path"
+
+
+def test_the_temp_rule_sees_the_old_12e():
+    """Before 73e2b19, 12e saved its DCP checkpoint to ``tempfile.mkdtemp()`` on the notebook's node."""
+    old = json.loads(_git_show("00672ac:notebooks/12e_native_sharding_checkpoints.ipynb"))
+    bad = notebook_temp_findings(old, "12e")
+    assert any("tempfile.mkdtemp()" in f for f in bad), bad
+
+
+TEMP_BAD = '''
+import tempfile
+from tempfile import TemporaryDirectory as TD
+
+def save(state):
+    d = tempfile.mkdtemp(prefix="ckpt-")
+    with TD() as e:
+        pass
+    return open("/tmp/shared.pt", "wb"), tempfile.gettempdir()
+'''
+TEMP_GOOD = '''
+from ddlcourse import training
+
+def save(state):
+    """Never into /tmp: each node has its own."""
+    d = training.run_dir("ckpt")
+    return d / "state.pt"
+'''
+
+
+def test_the_temp_rule_flags_each_mistake_and_passes_the_fix():
+    bad = temp_findings(TEMP_BAD)
+    assert len(bad) == 1, bad
+    for text in ("tempfile.mkdtemp()", "tempfile.TemporaryDirectory()", "'/tmp/shared.pt'", "tempfile.gettempdir()"):
+        assert text in bad[0], (text, bad)
+    assert temp_findings(TEMP_GOOD) == []
+
+
+# --------------------------------------------------------------------------- rule 3: timers of device work
+CLOCKS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns"}
+TORCH = ("torch",)                   # torch, torch.distributed, torch.nn, torch.nn.functional, ...
+DEVICE_METHODS = {"backward", "to", "cuda"}
+
+# (module, function) -> why its host clock is right (it synchronises first, or it times no device work).
+HOST_TIMERS = {
+    ("ddlcourse/device.py", "now"): "the course's synchronising clock itself: synchronize(device), then the clock",
+    ("ddlcourse/training.py", "RunContext.now"): "RunContext's clock: self.synchronize(), then the clock",
+    ("ddlcourse/synthetic_bench.py", "clock"):
+        "the benchmark's synchronising clock itself: torch.cuda.synchronize on CUDA, then the clock",
+    ("ddlcourse/elastic.py", "train_loop"):
+        "wall-clock timestamps in the run's log, taken after float(mean) has waited for the step's allreduce; "
+        "restart_seconds spans two processes (a killed attempt and its restart), which only the wall clock can",
+    ("ddlcourse/hpsearch.py", "train_trial"):
+        "a trial trains on the host (its MLP and data are built on the CPU, no device), so the clock times host work",
+    ("ddlcourse/perfmodel.py", "measure_compute"):
+        "times SmallCNN's forward and backward on this CPU (one thread), the compute figure of the model",
+    ("ddlcourse/runtimes.py", "compare_gloo_mpi"):
+        "gloo against MPI_Allreduce on CPU tensors (the same host memory as the NumPy buffer); no device",
+}
+
+
+def _lines_after_a_synchronize(fn) -> set[int]:
+    """Lines of the statements that directly follow a ``...synchronize(...)`` statement in the same block."""
+    out = set()
+    for node in ast.walk(fn):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for prev, st in zip(block, block[1:]):
+                if isinstance(prev, ast.Expr) and isinstance(prev.value, ast.Call) \
+                        and (_dotted(prev.value.func) or "").endswith("synchronize"):
+                    out |= set(range(st.lineno, (st.end_lineno or st.lineno) + 1))
+    return out
+
+
+def timer_findings(source: str, module: str = "<source>") -> list[str]:
+    """Every violation of rule 3 in ``source``."""
+    tree = ast.parse(source)
+    names = _imports(tree)
+    torch_names = {k for k, v in names.items() if v.split(".")[0] in TORCH}
+    found = []
+    for name, fn in _functions(tree):
+        if (module, name) in HOST_TIMERS:
+            continue
+        after_sync = _lines_after_a_synchronize(fn)
+        clocks = [f"time.{what.split('.')[1]}()@{call.lineno}" for call, what, _ in _calls(fn, names)
+                  if what and what.startswith("time.") and what.split(".")[1] in CLOCKS and what.count(".") == 1
+                  and call.lineno not in after_sync]
+        if not clocks:
+            continue
+        torch_work = any(isinstance(n, ast.Name) and n.id in torch_names for n in ast.walk(fn)) or any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in DEVICE_METHODS
+            for n in ast.walk(fn))
+        if torch_work:
+            found.append(f"{module}: {name}() reads {', '.join(clocks)} and runs torch work: time it with "
+                         "ddlcourse.device.now(device) (or ctx.timer())")
+    return found
+
+
+def test_the_timer_rule_sees_a_clock_around_device_work():
+    bad = '''
+import time
+import torch
+
+def step(model, x):
+    t0 = time.perf_counter()
+    model(x).sum().backward()
+    return time.perf_counter() - t0
+'''
+    good = '''
+import time
+from ddlcourse.device import now
+
+def step(model, x, device):
+    t0 = now(device)
+    model(x).sum().backward()
+    return now(device) - t0
+
+def host_only(path):
+    t0 = time.perf_counter()
+    path.read_bytes()
+    return time.perf_counter() - t0
+'''
+    assert len(timer_findings(bad)) == 1 and "time.perf_counter()@6" in timer_findings(bad)[0]
+    assert timer_findings(good) == []
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_timers_of_device_work_synchronise(module):
+    findings = timer_findings((ROOT / module).read_text(), module)
+    assert not findings, "\n".join(findings)
+
+
+def test_every_exception_names_a_function_that_exists():
+    for table in (P2P_ALLOWED, HOST_TIMERS):
+        for module, name in table:
+            fns = dict(_functions(ast.parse((ROOT / module).read_text())))
+            assert name in fns, f"{module}: no function {name} (an exception for a function that is gone)"
+
+
+# --------------------------------------------------------------------------- 11b: chunk timing without a sync per chunk
+class _FakeStage:
+    stage_index = 3
+
+    def __init__(self, log):
+        self.log = log
+        self.forward_one_chunk = lambda mb: log.append(("F", mb))
+        self.backward_one_chunk = lambda mb: log.append(("B", mb))
+        self.backward_weight_one_chunk = lambda mb: log.append(("W", mb))
+
+
+def _run_chunks(clock, events):
+    from ddlcourse.parallel import schedules
+    log = []
+    stage = _FakeStage(log)
+    schedules._instrument(stage, events, 0, clock)
+    t0 = clock.start_step()
+    stage.forward_one_chunk(0)
+    stage.backward_one_chunk(0)
+    stage.backward_weight_one_chunk(0)
+    return t0, log
+
+
+def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
+    """With a fake CUDA: every chunk gets an event pair, the device is synchronised only at the step's start
+    (after the barrier) and end, and the events are read only after that end."""
+    import torch
+
+    from ddlcourse.parallel import schedules
+    gpu = {"t": 0.0, "synced_at": -1.0, "syncs": 0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self, stream=None):
+            gpu["t"] += 1.5                           # the GPU's own clock moves on, in ms
+            self.at = gpu["t"]
+
+        def elapsed_time(self, other):
+            assert gpu["synced_at"] >= max(self.at, other.at), "an event was read before the step's synchronize"
+            return other.at - self.at
+
+    def sync(device=None):
+        gpu["syncs"] += 1
+        gpu["synced_at"] = gpu["t"]
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+    clock = schedules._ChunkClock("cuda:0")
+    events = []
+    t0, log = _run_chunks(clock, events)
+    assert log == [("F", 0), ("B", 0), ("W", 0)]
+    assert gpu["syncs"] == 1                          # the step's start only: none around the chunks
+    assert all(isinstance(e["start"], FakeEvent) and isinstance(e["stop"], FakeEvent) for e in events)
+    clock.end_step()
+    assert gpu["syncs"] == 2
+    got = schedules._resolve(events, clock, t0)
+    assert [(e["kind"], e["stage"]) for e in got] == [("F", 3), ("B", 3), ("W", 3)]
+    assert [(round(e["start"], 6), round(e["stop"], 6)) for e in got] == \
+        [(0.0015, 0.003), (0.0045, 0.006), (0.0075, 0.009)]   # ms after the reference event, in seconds
+
+
+def test_chunk_timing_on_the_cpu_is_the_host_clock(monkeypatch):
+    import torch
+
+    from ddlcourse.parallel import schedules
+
+    def no_events(*a, **k):
+        raise AssertionError("no CUDA event on the CPU")
+
+    monkeypatch.setattr(torch.cuda, "Event", no_events)
+    clock = schedules._ChunkClock("cpu")
+    events = []
+    t0, _ = _run_chunks(clock, events)
+    clock.end_step()
+    assert all(isinstance(e["start"], float) and t0 <= e["start"] <= e["stop"] for e in events)
+    got = schedules._resolve(events, clock, t0)
+    assert all(g["start"] == e["start"] - t0 and g["stop"] == e["stop"] - t0 for g, e in zip(got, events))
+
+
+def test_measure_reads_the_events_after_the_step():
+    """measure(): the clock's start_step/end_step bracket the step and _resolve comes after end_step."""
+    import inspect
+
+    from ddlcourse.parallel import schedules
+    src = inspect.getsource(schedules.measure)
+    a = src.index("clock.start_step()")
+    assert a < src.index("_step(sched", a) < src.index("clock.end_step()", a) < src.index("_resolve(events, clock, t0)", a)
+    assert "synchronize" not in inspect.getsource(schedules._instrument)
