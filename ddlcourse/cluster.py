@@ -411,6 +411,13 @@ class RankInfo:
     engine_id: int = -1
 
 
+# The hub completes an engine's registration only after the engine has answered its heartbeats: with
+# ipyparallel's default period of 3 s a 2-engine start took 8.3 s (median of 5, quiet 2-core machine), 6 s of it
+# waiting; at 0.5 s it takes 3.4 s (env/bench_cluster.py --heartbeat-ms 3000 1000 500 250 shows it). 60 missed
+# beats (30 s) before an engine counts as dead, as ipyparallel's 10 x 3 s.
+HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
+
+
 def _describe_engine() -> dict:  # runs on an engine
     from ddlcourse import dist
     return dist.describe()
@@ -457,6 +464,7 @@ class MPICluster:
         self._slurm_job: str | None = None
         self._steps_before: set[str] = set()
         self.start_seconds = float("nan")
+        self.start_phases: dict[str, float] = {}   # seconds per phase of the last start
         self.stop_seconds = float("nan")
         self.engine_output = ""  # what the engines printed, kept by a clean stop() instead of logged
 
@@ -496,6 +504,8 @@ class MPICluster:
             engines="mpi", n=self.n, profile_dir=self._profile_dir, cluster_id=cid,
             controller_ip="*" if multi_host else "127.0.0.1",
             log_level=logging.ERROR, engine_timeout=int(self.timeout),
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
+                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
         )
         self._launcher_kind = launcher
         if launcher == "srun":
@@ -508,20 +518,34 @@ class MPICluster:
         cfg.MPIEngineSetLauncher.environment = {"OMP_NUM_THREADS": str(self.threads_per_rank),
                                                 "DDLCOURSE_THREADS": str(self.threads_per_rank)}
         self._state_file = runtime_dir() / f"cluster-{cid}.json"
+        phases, mark = {}, [t0]
+
+        def phase(name):        # seconds per start-up phase (env/bench_cluster.py prints them)
+            now = time.perf_counter()
+            phases[name] = now - mark[0]
+            mark[0] = now
+
+        phase("configure")
         try:
             self._cluster.start_controller_sync()
             self._record()
+            phase("controller")
             self._cluster.start_engines_sync(n=self.n)
             self._record()
             self._start_watchdog()
+            phase("launch")
             self._rc = self._cluster.connect_client_sync()
+            phase("client")
             self._wait_for_engines(mpi_cmd[0])
+            phase("engines registered")
             self._setup_engines()
             self._record()
+            phase("engines described")
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
+        self.start_phases = phases
         if not self.quiet:
             hosts = sorted({r.host for r in self.ranks})
             print(f"MPI cluster: {self.n} engine(s) on {len(hosts)} host(s) via {launcher}, "

@@ -1,0 +1,54 @@
+"""How long an MPICluster takes to start and stop, phase by phase (issue 30: a 2-engine cluster in 4 s).
+
+    .venv/bin/python env/bench_cluster.py [--n 2] [--reps 5] [--heartbeat-ms 3000 1000]
+
+Prints each repetition's phases, then the median and min-max of each, and the machine's load. A benchmark,
+not a test: nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from ddlcourse import cluster
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--heartbeat-ms", type=int, nargs="*", default=[cluster.HEARTBEAT_MS],
+                    help="the hub's heartbeat period(s); several are interleaved, repetition by repetition")
+    a = ap.parse_args()
+    for hb in a.heartbeat_ms:
+        if hb <= 0:
+            ap.error(f"--heartbeat-ms must be positive, got {hb}")
+    runs = {hb: [] for hb in a.heartbeat_ms}
+    for i in range(a.reps):
+        for hb in a.heartbeat_ms:
+            runs[hb].append(_one(a.n, hb))
+            print(f"rep {i + 1}, heartbeat {hb} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb][-1].items()),
+                  flush=True)
+    print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
+    for hb, rows in runs.items():
+        print(f"heartbeat {hb} ms:")
+        for k in rows[0]:
+            v = [r[k] for r in rows]
+            print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
+
+
+def _one(n: int, heartbeat_ms: int) -> dict:
+    cluster.HEARTBEAT_MS = heartbeat_ms
+    c = cluster.MPICluster(n=n, quiet=True)
+    c.start()
+    t0 = time.perf_counter()
+    c.run(cluster._describe_engine)              # the first call after start
+    first = time.perf_counter() - t0
+    c.stop()
+    return dict(c.start_phases, start=c.start_seconds, **{"first run": first}, stop=c.stop_seconds)
+
+
+if __name__ == "__main__":
+    main()
