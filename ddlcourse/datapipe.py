@@ -34,6 +34,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ddlcourse.device import now
+
 FORMAT = "ddlcourse-shards/1"
 INDEX = "index.json"
 
@@ -373,17 +375,23 @@ def time_loader(loader, n_batches: int, warmup: int | None = None) -> LoopTimes:
     return time_loader_and_step(loader, None, n_batches, warmup)
 
 
-def time_step(step: Callable, batch, n_steps: int, warmup: int = 1) -> LoopTimes:
+# ``device``, below: where ``step`` runs. The clock (:func:`ddlcourse.device.now`) waits for that device's queued
+# work before each reading, so a GPU step is timed when it has run, not when it was launched.
+
+
+
+def time_step(step: Callable, batch, n_steps: int, warmup: int = 1, device=None) -> LoopTimes:
     """The step alone: ``step(batch)`` on one batch already in memory."""
     for _ in range(warmup):
         step(batch)
-    t0 = time.perf_counter()
+    t0 = now(device)
     for _ in range(n_steps):
         step(batch)
-    return LoopTimes(time.perf_counter() - t0, n_steps, n_steps * _batch_len(batch))
+    return LoopTimes(now(device) - t0, n_steps, n_steps * _batch_len(batch))
 
 
-def time_loader_and_step(loader, step: Callable | None, n_batches: int, warmup: int | None = None) -> LoopTimes:
+def time_loader_and_step(loader, step: Callable | None, n_batches: int, warmup: int | None = None,
+                         device=None) -> LoopTimes:
     """Both together, as in training: ``for batch in loader: step(batch)``.
 
     ``warmup`` untimed batches first; by default one per worker (at least 1), so that worker start-up and
@@ -399,7 +407,7 @@ def time_loader_and_step(loader, step: Callable | None, n_batches: int, warmup: 
             b = next(it)
             if step:
                 step(b)
-        t0, samples = time.perf_counter(), 0
+        t0, samples = now(device), 0
         for _ in range(n_batches):
             b = next(it)
             if step:
@@ -409,10 +417,10 @@ def time_loader_and_step(loader, step: Callable | None, n_batches: int, warmup: 
         raise ValueError(f"the loader has fewer than warmup + n_batches = {warmup + n_batches} batches") from None
     finally:
         del it  # shut workers down now
-    return LoopTimes(time.perf_counter() - t0, n_batches, samples)
+    return LoopTimes(now(device) - t0, n_batches, samples)
 
 
-def input_bound_report(loader, step: Callable, n_batches: int, warmup: int | None = None) -> dict:
+def input_bound_report(loader, step: Callable, n_batches: int, warmup: int | None = None, device=None) -> dict:
     """Time the loader alone, the step alone and both; say whether the step waits for data.
 
     Without overlap ``both ~ loader + step``; with perfect overlap (prefetching) ``both ~ max(loader, step)``.
@@ -420,8 +428,8 @@ def input_bound_report(loader, step: Callable, n_batches: int, warmup: int | Non
     """
     loader_t = time_loader(loader, n_batches, warmup)
     batch = next(iter(loader))
-    step_t = time_step(step, batch, n_batches, 1 if warmup is None else warmup)
-    both_t = time_loader_and_step(loader, step, n_batches, warmup)
+    step_t = time_step(step, batch, n_batches, 1 if warmup is None else warmup, device)
+    both_t = time_loader_and_step(loader, step, n_batches, warmup, device)
     wait = max(0.0, 1 - step_t.per_batch / both_t.per_batch)
     return {"loader_s": loader_t.per_batch, "step_s": step_t.per_batch, "both_s": both_t.per_batch,
             "wait_fraction": wait, "input_bound": loader_t.per_batch > step_t.per_batch,
@@ -434,7 +442,7 @@ def format_report(r: dict) -> str:
 
 
 def measure_loader_settings(dataset, step: Callable | None, batch_size: int, settings: list[dict],
-                            n_batches: int, warmup: int | None = None) -> list[dict]:
+                            n_batches: int, warmup: int | None = None, device=None) -> list[dict]:
     """Throughput of ``DataLoader(dataset, batch_size, **s)`` for each ``s`` in ``settings``.
 
     Each record has the settings, ``loader_samples_per_s`` (loader alone) and ``train_samples_per_s``
@@ -460,7 +468,7 @@ def measure_loader_settings(dataset, step: Callable | None, batch_size: int, set
         lt = time_loader(loader, n_batches, warmup)
         rec["loader_samples_per_s"] = lt.samples_per_s
         if step is not None:
-            bt = time_loader_and_step(loader, step, n_batches, warmup)
+            bt = time_loader_and_step(loader, step, n_batches, warmup, device)
             rec["train_samples_per_s"] = bt.samples_per_s
         del loader                                      # stops its persistent workers
         out.append(rec)

@@ -74,36 +74,40 @@ def _data(n_train: int, n_val: int, dim: int, n_classes: int, data_seed: int):
     return X[:n_train], y[:n_train], X[n_train:], y[n_train:]   # (n, dim), (n,)
 
 
-def train_trial(config: dict, budget: int, task: dict | None = None) -> dict:
+def train_trial(config: dict, budget: int, task: dict | None = None, device=None) -> dict:
     """Train ``config`` on ``budget`` training samples; return the config with ``val_loss``, ``val_acc``, timings.
 
     The model's initial weights (``init_seed``) and the data are the same in every trial; the batch order is
-    seeded by the trial id, so a trial's result does not depend on which engine runs it.
+    seeded by the trial id, so a trial's result does not depend on which engine runs it. The trial runs on
+    ``device`` (default: the rank's, :func:`ddlcourse.device.rank_device`).
     """
     import torch
     from torch import nn
 
+    from ddlcourse.device import now, rank_device
     from ddlcourse.models.small import MLP
     from ddlcourse.schedules import with_warmup
 
-    t0 = time.perf_counter()
+    device = rank_device(device)
+    t0 = now(device)
     task = {**TASK, **(task or {})}
     for k in ("lr", "momentum", "batch_size", "warmup"):
         if k not in config:
             raise ValueError(f"config lacks {k!r}; it needs lr, momentum, batch_size and warmup")
     b = int(config["batch_size"])
     steps = max(1, int(budget) // b)
-    Xtr, ytr, Xva, yva = _data(task["n_train"], task["n_val"], task["dim"], task["n_classes"], task["data_seed"])
+    Xtr, ytr, Xva, yva = (t.to(device) for t in
+                          _data(task["n_train"], task["n_val"], task["dim"], task["n_classes"], task["data_seed"]))
 
     torch.manual_seed(task["init_seed"])
-    model = MLP(task["dim"], task["n_classes"], hidden=task["hidden"], depth=task["depth"])
+    model = MLP(task["dim"], task["n_classes"], hidden=task["hidden"], depth=task["depth"]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=config["momentum"])
     sched = with_warmup(opt, int(config["warmup"]), total_steps=steps)
     g = torch.Generator().manual_seed(1000 + int(config.get("trial", 0)))
     loss_fn = nn.CrossEntropyLoss()
     diverged = False
     for _ in range(steps):
-        idx = torch.randint(0, len(Xtr), (b,), generator=g)
+        idx = torch.randint(0, len(Xtr), (b,), generator=g).to(device)   # drawn on the host: the same everywhere
         loss = loss_fn(model(Xtr[idx]), ytr[idx])            # Xtr[idx]: (batch, dim)
         if not torch.isfinite(loss):
             diverged = True
@@ -119,7 +123,7 @@ def train_trial(config: dict, budget: int, task: dict | None = None) -> dict:
     if diverged or not math.isfinite(val_loss):
         val_loss, val_acc, diverged = float("inf"), 0.0, True
     return {**config, "budget": int(budget), "steps": steps, "val_loss": val_loss, "val_acc": val_acc,
-            "diverged": diverged, "seconds": time.perf_counter() - t0}
+            "diverged": diverged, "seconds": now(device) - t0}
 
 
 def warm_up(task: dict | None = None) -> bool:

@@ -371,8 +371,6 @@ HOST_TIMERS = {
     ("ddlcourse/elastic.py", "train_loop"):
         "wall-clock timestamps in the run's log, taken after float(mean) has waited for the step's allreduce; "
         "restart_seconds spans two processes (a killed attempt and its restart), which only the wall clock can",
-    ("ddlcourse/hpsearch.py", "train_trial"):
-        "a trial trains on the host (its MLP and data are built on the CPU, no device), so the clock times host work",
     ("ddlcourse/perfmodel.py", "measure_compute"):
         "times SmallCNN's forward and backward on this CPU (one thread), the compute figure of the model",
     ("ddlcourse/runtimes.py", "compare_gloo_mpi"):
