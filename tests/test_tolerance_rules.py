@@ -150,12 +150,7 @@ def _code_cells(path: Path) -> list[str]:
 
 
 # Known to break the rule, left to their own issues (remove a line once its notebook is fixed: strict xfail).
-KNOWN = {
-    "13b_fault_tolerance.ipynb": "torchrun's and the restarted cluster's losses, whole run, 1e-6 (both resume the "
-                                 "same job on the same ranks and devices: exact unless a kernel is nondeterministic)",
-    "01_maize.ipynb": "1-, 2-, 4-rank and Horovod losses within 1% relative at every step of the whole run "
-                      "(maize.max_rel_diff)",
-}
+KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN[p.name], strict=True))
