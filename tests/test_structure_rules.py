@@ -116,9 +116,6 @@ P2P_ALLOWED = {
         "one direction only (a stage to the next): a header then the tensor, to one peer, never a cycle",
     ("ddlcourse/parallel/model_parallel.py", "recv_tensor"):
         "one direction only: the header then the tensor from one peer; its sender never waits on this rank",
-    ("ddlcourse/parallel/spatial.py", "_exchange_with"):
-        "lab 2's learner-written halo exchange receives send/recv callbacks and orders them itself (the lab "
-        "teaches that order); the package's own halo exchange, halo_exchange, batches its four messages",
     ("ddlcourse/parallel/branches.py", "BranchParallel._learners_head_step"):
         "lab 4's learner-written head step receives send/recv callbacks: a star round the head rank (features "
         "in, gradients out), no ring",

@@ -77,18 +77,26 @@ def _exchange_with(exchange, x, halo, dim, group):
     xd = x.movedim(dim, 2)
     shape = list(xd.shape)
     shape[2] = halo
-    pending = []
+    queued, pending = [], []     # sends not yet posted; posted requests and their buffers, waited for at the end
 
+    # The learner's send() and recv() are separate calls, the pattern that can deadlock NCCL (each rank's sends
+    # wait for receives its neighbours post later on the same communicator). So a send is queued, and goes out
+    # with the next recv in one batch_isend_irecv (one NCCL group); the sends left after the last recv go out
+    # together at the end.
     def send(t, dst):
-        t = t.contiguous()
-        pending.append((tdist.isend(t, g(dst), group), t))     # keep the buffer alive until it is sent
+        queued.append(tdist.P2POp(tdist.isend, t.contiguous(), g(dst), group))
 
     def recv(src):
         buf = torch.empty(shape, dtype=x.dtype, device=x.device)
-        tdist.recv(buf, g(src), group)
+        reqs = tdist.batch_isend_irecv([*queued, tdist.P2POp(tdist.irecv, buf, g(src), group)])
+        pending.extend(zip(reqs[:-1], queued))                 # keep the sent buffers alive until sent
+        queued.clear()
+        reqs[-1].wait()
         return buf
 
     out = exchange(xd, halo, r, n, send, recv)
+    if queued:
+        pending.extend(zip(tdist.batch_isend_irecv(queued), queued))
     for req, _ in pending:
         req.wait()
     return out.movedim(2, dim)
