@@ -120,8 +120,8 @@ P2P_ALLOWED = {
         "lab 4's learner-written head step receives send/recv callbacks: a star round the head rank (features "
         "in, gradients out), no ring",
     ("ddlcourse/parallel/branches.py", "BranchParallel.step"):
-        "a star round the head rank: branch ranks send features and receive gradients from the head, the "
-        "head the reverse, one peer at a time; no ring of ranks sending to each other",
+        "a star round the head rank, and each pair posts in one order: a branch sends all its micro-batches' "
+        "features, then receives their gradients; the head receives every feature before it sends a gradient",
     ("ddlcourse/cases/driving.py", "_logits_mp"):
         "forward only, a gather onto the head rank: branch ranks only send, the head only receives",
 }

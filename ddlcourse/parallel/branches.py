@@ -96,7 +96,7 @@ class BranchParallel:
     def _log(self, kind, micro, t0):
         self.events.append(Event(tdist.get_rank(), kind, micro, t0, self._now()))
 
-    def _learners_head_step(self, m, rows, feats_out, target, loss_fn, scale, pending, keep):
+    def _learners_head_step(self, m, rows, feats_out, target, loss_fn, scale, grads_out):
         """``head_step(head, feats, target, loss_fn, scale, send, recv)`` on micro-batch ``m``: ``feats`` has,
         per branch, its features if this rank computed them, else the global rank to receive them from."""
         feats = [feats_out[(m, br)] if owner == self.mp_index else int(self.mp_ranks[owner])
@@ -110,9 +110,8 @@ class BranchParallel:
             t0[0] = self._now()              # H starts when the last block has arrived, as in step
             return buf
 
-        def send(t, dst):
-            keep.append(t.detach().contiguous())
-            pending.append(tdist.isend(keep[-1], int(dst)))
+        def send(t, dst):                    # posted after the last micro-batch's head, as in step
+            grads_out.append((t.detach().contiguous(), int(dst)))
 
         loss = self.head_step(self.model.head, feats, target, loss_fn, scale, send, recv)
         self._log("H", m, t0[0])
@@ -141,13 +140,17 @@ class BranchParallel:
                     keep.append(f.detach().contiguous())
                     pending.append(tdist.isend(keep[-1], self.head_rank))
         total = torch.zeros((), device=self.device)
-        grads_back = {}
-        # 2) the head: per micro-batch, gather features, loss, backward, send feature gradients back
+        # 2) the head: per micro-batch, gather features, loss, backward; the feature gradients go back after the
+        # last micro-batch. A branch rank sends all its micro-batches' features before it receives a gradient,
+        # and NCCL runs one pair's sends and receives in the order they were posted: a gradient sent to a branch
+        # between two of its features' receives would wait for that branch's receive, queued behind its next
+        # send, which waits for this rank's next receive (a deadlock once messages outgrow NCCL's buffers).
+        grads_out = []                       # (gradient, destination rank), in micro-batch then branch order
         if self.has_head:
             for m in range(micro_batches):
                 if self.head_step is not None:   # the same messages, in the learner's head_step (lab 4)
                     total += self._learners_head_step(m, vids[m].shape[0], feats_out, tgts[m], loss_fn, b,
-                                                      pending, keep)
+                                                      grads_out)
                     continue
                 parts = []
                 for br, owner in enumerate(self.owners):
@@ -166,8 +169,10 @@ class BranchParallel:
                 total += loss.detach()
                 for br, owner in enumerate(self.owners):
                     if owner != self.mp_index:
-                        keep.append(parts[br].grad.contiguous())
-                        pending.append(tdist.isend(keep[-1], self.mp_ranks[owner]))
+                        grads_out.append((parts[br].grad.contiguous(), self.mp_ranks[owner]))
+            for g, dst in grads_out:
+                keep.append(g)
+                pending.append(tdist.isend(g, dst))
         # 3) branch backwards with the gradients from the head
         for m in range(micro_batches):
             for br in self.my_branches:
