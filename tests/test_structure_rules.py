@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pytest
 
+from test_device_placement import _functions  # noqa: E402  (tests/ is on sys.path under pytest)
+
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "ddlcourse").rglob("*.py"))
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
@@ -82,15 +84,6 @@ def _resolve(node: ast.AST, names: dict[str, str]) -> str | None:
     return d
 
 
-def _functions(tree: ast.Module):
-    """Top-level functions and methods (nested functions count with the function that defines them)."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node.name, node
-        elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    yield f"{node.name}.{item.name}", item
 
 
 def _calls(fn, names):

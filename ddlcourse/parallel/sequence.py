@@ -275,15 +275,8 @@ def clipping_on_shards(cfg=None, batch: int = 2, clip_fraction: float = 0.1, gro
 
     Returned: the serial norm and, per way, the norm this rank used and max |clipped grad - serial clipped grad|.
     """
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
-    t, r = _size_rank(group)
-    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
-    torch.manual_seed(seed)
-    block = T.Block(cfg).to(device)
-    pos = torch.arange(cfg.seq_len, device=device)
-    x, w = _inputs(cfg, batch, seed, device)
+    t, r, cfg, block, pos, x, w = _serial_block(cfg, batch, group, seed, device)
     mine = slice(r * cfg.seq_len // t, (r + 1) * cfg.seq_len // t)
     serial = copy.deepcopy(block)
     (serial(x, pos) * w).sum().backward()
@@ -383,6 +376,20 @@ def _inputs(cfg, batch, seed, device):
     return x, w
 
 
+def _serial_block(cfg, batch, group, seed, device):
+    """``(t, r, cfg, block, pos, x, w)``: this rank's place in ``group``, the config (a small default), a serial
+    block seeded by ``seed`` on the rank's device, the positions, an input batch and the weights of a test loss."""
+    from ddlcourse.models import transformer as T
+
+    device = rank_device(device)
+    t, r = _size_rank(group)
+    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
+    torch.manual_seed(seed)
+    block = T.Block(cfg).to(device)
+    x, w = _inputs(cfg, batch, seed, device)
+    return t, r, cfg, block, torch.arange(cfg.seq_len, device=device), x, w
+
+
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -416,12 +423,7 @@ def compare_with_serial(cfg=None, batch: int = 2, group=None, seed: int = 0, dev
     from ddlcourse.models import transformer as T
 
     device = rank_device(device)
-    t, r = _size_rank(group)
-    cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
-    torch.manual_seed(seed)
-    block = T.Block(cfg).to(device)
-    pos = torch.arange(cfg.seq_len, device=device)
-    x, w = _inputs(cfg, batch, seed, device)
+    t, r, cfg, block, pos, x, w = _serial_block(cfg, batch, group, seed, device)
     xs = x.clone().requires_grad_(True)
     y_ref = block(xs, pos)
     (y_ref * w).sum().backward()
