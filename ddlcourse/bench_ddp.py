@@ -8,7 +8,9 @@ One run prints, with the ways **interleaved** (every repetition times each way o
 a shared machine hits them alike) and the **median** over repetitions:
 
 * seconds per training step of the same model and per-rank batch: 1 rank alone (no communication), DDP (gloo),
-  DDP (MPI hook, :mod:`ddlcourse.parallel.mpi_hook`) and Horovod (MPI), each the slowest rank's time;
+  DDP (MPI hook, :mod:`ddlcourse.parallel.mpi_hook`), the same without DDP's broadcast of the buffers before
+  every forward (``forward_sync_buffers=False``, what Horovod does) and Horovod (MPI), each the slowest rank's
+  time, with the median and the min-max over the repetitions;
 * throughput (samples/s over all ranks) and weak-scaling efficiency ``t(1 rank) / t(N ranks)`` of each way;
 * bus bandwidth of the hand-written ring allreduce and of ``MPI_Allreduce`` at 16 MiB, and the latency of a
   64-float allreduce through gloo and through MPI;
@@ -28,7 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "Horovod")    # on CPU ranks; Horovod reduces through MPI
+# On CPU ranks; Horovod reduces through MPI. "no bcast": DDP(forward_sync_buffers=False). By default DDP broadcasts
+# rank 0's buffers (BatchNorm's running statistics) through its process group, gloo here, before every forward;
+# Horovod's optimizer does not, so that row is the like-for-like comparison on a model with BatchNorm (the CNN).
+WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "DDP (MPI, no bcast)", "Horovod")
 # On GPUs DDP's buckets go through NCCL (the MPI hook declines CUDA buckets), and so do Horovod's when it was built
 # with HOROVOD_GPU_OPERATIONS=NCCL (env/build_horovod_gpu.sh): the GPU table names what it measured.
 GPU_WAYS = ("1 rank", "DDP (NCCL)", "Horovod")
@@ -78,8 +83,9 @@ def make_ways(model: str, batch: int, device):
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         if way.startswith("DDP"):
             net = nn.parallel.DistributedDataParallel(
-                net, device_ids=[device.index] if device.type == "cuda" else None)
-            if way == "DDP (MPI hook)" and not register_mpi_hook(net, force=True):
+                net, device_ids=[device.index] if device.type == "cuda" else None,
+                forward_sync_buffers="no bcast" not in way)
+            if way.startswith("DDP (MPI") and not register_mpi_hook(net, force=True):
                 raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
         elif way == "Horovod":
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
@@ -168,12 +174,15 @@ def report(res: dict, bw: dict, lat: dict, ring_mib: float = 16.0) -> str:
     lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks "
              f"on {res.get('device', 'cpu')}, median of {len(res['per_rep']['1 rank'])} interleaved repetitions; "
              f"Horovod reduces through {res.get('horovod_comm', 'MPI')}",
-             f"{'way':<16} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11}"]
+             f"{'way':<20} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11} "
+             f"{'s/step min-max':>19}"]
     for w in s:
         ranks = 1 if w == "1 rank" else n
         eff = "" if w == "1 rank" else f"{s['1 rank'] / s[w]:.2f}"
         rel = "" if w == "1 rank" else f"{s[w] / s['Horovod']:.3f}x"
-        lines.append(f"{w:<16} {s[w]:>9.5f} {ranks * b / s[w]:>10.0f} {eff:>18} {rel:>11}")
+        reps = res["per_rep"].get(w) or [s[w]]
+        lines.append(f"{w:<20} {s[w]:>9.5f} {ranks * b / s[w]:>10.0f} {eff:>18} {rel:>11} "
+                     f"{min(reps):>9.5f}-{max(reps):.5f}")
     lines.append(f"allreduce of {ring_mib:g} MiB, bus bandwidth (nccl-tests convention): "
                  + ", ".join(f"{k} {v['busbw'] / 1e9:.2f} GB/s" for k, v in bw.items())
                  + f"; ring / MPI = {bw['ring']['busbw'] / bw['mpi']['busbw']:.2f}")

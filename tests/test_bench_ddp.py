@@ -10,14 +10,15 @@ from ddlcourse import bench_ddp
 
 def test_report_arithmetic():
     res = {"seconds": {"1 rank": 0.10, "DDP (gloo)": 0.20, "DDP (MPI hook)": 0.125, "Horovod": 0.125},
-           "per_rep": {w: [0.0] * 3 for w in bench_ddp.WAYS}, "world_size": 2, "batch": 10, "n_params": 1234,
-           "model": "mlp"}
+           "per_rep": {**{w: [0.0] * 3 for w in bench_ddp.WAYS}, "DDP (MPI hook)": [0.12, 0.125, 0.13]},
+           "world_size": 2, "batch": 10, "n_params": 1234, "model": "mlp"}
     bw = {"ring": {"busbw": 2e9, "algbw": 2e9, "seconds": 1.0}, "mpi": {"busbw": 1e9, "algbw": 1e9, "seconds": 1.0}}
     text = bench_ddp.report(res, bw, {"gloo": [3e-4], "mpi": [3e-6]}, ring_mib=16)
     lines = {l.split("  ")[0].strip(): l for l in text.splitlines()}
     assert "0.50" in lines["DDP (gloo)"] and "1.600x" in lines["DDP (gloo)"]      # 0.1/0.2 ; 0.2/0.125
     assert "0.80" in lines["DDP (MPI hook)"] and "1.000x" in lines["DDP (MPI hook)"]
     assert " 160 " in lines["DDP (MPI hook)"]                                      # 2 ranks x 10 / 0.125 s
+    assert "0.12000-0.13000" in lines["DDP (MPI hook)"]                             # min-max over the repetitions
     assert "ring / MPI = 2.00" in text and "gloo 300.0 µs, MPI 3.0 µs" in text
 
 
