@@ -203,6 +203,20 @@ def exercises(path: str) -> list[tuple[str, int]]:
     return out
 
 
+def agreed(v: Verdict, comm=None) -> Verdict:
+    """One verdict on every rank of ``comm`` (an mpi4py communicator; default the world), for a checker that
+    runs on every rank: wrong everywhere as soon as one rank is wrong (a mistake at the edges of a ring or a
+    pipeline can leave the other ranks right). A wrong rank keeps its own message; the others say the first
+    wrong rank's, as ``on rank q: ...``. Collective: every rank of ``comm`` must call it."""
+    from mpi4py import MPI
+
+    every = (comm or MPI.COMM_WORLD).allgather((v.ok, v.message))
+    bad = next(((q, m) for q, (ok, m) in enumerate(every) if not ok), None)
+    if v.ok and bad is not None:
+        return Verdict(False, f"on rank {bad[0]}: {bad[1]}")
+    return v
+
+
 def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5, atol: float = 1e-7,
              what: str = "the result") -> Verdict:
     """Right when ``answer`` matches ``reference``; else the hint of the first mistake it matches.

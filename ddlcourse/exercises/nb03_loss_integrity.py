@@ -5,7 +5,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
 @exercise("sum_grads_effective_lr", "summing N equal-sized gradient means gives N times the mean: the step is N times larger")
@@ -171,16 +171,6 @@ def _grad_run(fn, rank: int, world: int, device) -> np.ndarray:
     return np.concatenate([torch.cat(grads).numpy(), [float(loss)]])
 
 
-def _agree(v: Verdict, r: int) -> Verdict:
-    """One verdict on every rank: the first failing rank's message (so every rank names the mistake)."""
-    from mpi4py import MPI
-
-    every = MPI.COMM_WORLD.allgather((v.ok, v.message))
-    bad = next(((q, m) for q, (ok, m) in enumerate(every) if not ok), None)
-    if bad is None:
-        return Verdict(True)
-    return Verdict(False, bad[1] if bad[0] == r else f"rank {bad[0]}: {bad[1]}")
-
 
 @code_exercise("global_mean_grad", distributed=True, solution=global_mean_grad, ranks=(2, 3),
                mistakes=[(_grad_mean_of_means, "mean of per-rank means"), (_grad_local_count, "own count"),
@@ -204,4 +194,4 @@ def check_global_mean_grad(fn, **_):
     if not v.ok and np.allclose(mine[:-1], ref[:-1], rtol=1e-9, atol=1e-12):
         v = Verdict(False, f"the gradients are right, but you returned the loss {mine[-1]:.6g}; the serial mean loss "
                            f"is {ref[-1]:.6g}: return the sum of all ranks' losses over the global count")
-    return _agree(v, r)
+    return agreed(v)

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
 @exercise("ring_bytes_per_rank", "reduce-scatter and allgather each send N-1 chunks of n/N bytes")
@@ -153,8 +153,4 @@ def check_ring_allreduce(fn, **_):
         elif set(bad) <= set(uneven):
             v.message += (": right when N divides the length, wrong otherwise: chunks of sizes that differ by at most "
                           "one, and each receive sized to the chunk it fills")
-    verdicts = comm.allgather((v.ok, v.message))
-    first_bad = next(((rank, m) for rank, (ok, m) in enumerate(verdicts) if not ok), None)
-    if first_bad is None:
-        return Verdict(True)
-    return Verdict(False, first_bad[1] if first_bad[0] == r else f"rank {first_bad[0]}: {first_bad[1]}")
+    return agreed(v, comm)

@@ -1,7 +1,7 @@
 """Exercises of notebooks/04b_comm_runtimes.ipynb."""
 import numpy as np
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
 
 # --------------------------------------------------------------------------- build it: the hierarchical allreduce
@@ -77,14 +77,6 @@ class _SplitRecorder:
         return new
 
 
-def _agree(v: Verdict, comm) -> Verdict:
-    """One verdict on every rank: the first failing rank's message."""
-    every = comm.allgather((v.ok, v.message))
-    bad = next(((q, m) for q, (ok, m) in enumerate(every) if not ok), None)
-    if bad is None:
-        return Verdict(True)
-    return Verdict(False, bad[1] if bad[0] == comm.Get_rank() else f"rank {bad[0]}: {bad[1]}")
-
 
 @code_exercise("hierarchical_allreduce", distributed=True, solution=hierarchical_allreduce, ranks=(2, 3, 4),
                mistakes=[(_world_allreduce, "counted twice"), (_no_bcast, "broadcast the total"),
@@ -117,7 +109,7 @@ def check_hierarchical(fn, **_):
         if v.ok and rec.groups and r in leaders and leaders not in rec.groups:
             v = Verdict(False, f"with ranks_per_host={k} the leaders are ranks {leaders}, but no Split of yours put "
                                "them together: colour 0 on local rank 0, MPI.UNDEFINED on the others")
-        v = _agree(v, comm)
+        v = agreed(v, comm)
         if not v.ok:                     # every rank stops at the same split (the calls are collective)
             return v
     return Verdict(True)

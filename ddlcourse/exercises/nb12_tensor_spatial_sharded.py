@@ -2,19 +2,8 @@
 import numpy as np
 import torch
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
-
-def _agreed(v: Verdict) -> Verdict:
-    """The verdict of every rank: wrong everywhere as soon as one rank is wrong (collective)."""
-    import torch.distributed as tdist
-
-    every = [None] * tdist.get_world_size()
-    tdist.all_gather_object(every, (v.ok, v.message))
-    bad = [(r, m) for r, (ok, m) in enumerate(every) if not ok]
-    if v.ok and bad:
-        return Verdict(False, f"on rank {bad[0][0]}: {bad[0][1]}")
-    return v
 
 
 @exercise("zero2_bytes_per_param", "parameters stay whole (4 bytes); gradients (4) and Adam state (8) are split over N")
@@ -117,7 +106,7 @@ def check_halo_exchange(fn, **_) -> Verdict:
     # one neighbour, which arrive in order, so the periodic variant's result is deterministic there too
     mistakes = {h: run(_halo_variant(k)) for k, h in _HALO_HINTS.items()}
     v = diagnose(run(fn), ref, mistakes, rtol=1e-12, atol=1e-12, what=f"rank {r}'s padded slab")
-    return _agreed(v)          # a mistake at the image's edges leaves the middle ranks right: say it on all
+    return agreed(v)          # a mistake at the image's edges leaves the middle ranks right: say it on all
 
 
 # --------------------------------------------------------------------------- coding exercise: the ZeRO-1 step
@@ -527,4 +516,4 @@ def check_sharded_linear(cls, steps: int = 3, lr: float = 0.1, **_) -> Verdict:
                 h.split(":")[0] in v.message for h in _SHARD_HINTS.values()):
             v = Verdict(False, f"right when P is a multiple of world, not with P = 91: {v.message}. "
                                f"{_SHARD_HINTS['floor']}")
-    return _agreed(v)
+    return agreed(v)

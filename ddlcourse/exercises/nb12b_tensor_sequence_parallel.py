@@ -3,7 +3,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
 
 # --------------------------------------------------------------------------- build it: the tensor-parallel MLP
@@ -121,7 +121,6 @@ def check_tp_mlp(cls, **_) -> Verdict:
     import torch.distributed as tdist
 
     from ddlcourse import dist
-    from ddlcourse.exercises.nb12_tensor_spatial_sharded import _agreed
     info = dist.init(horovod=False)
     r, t = tdist.get_rank(), tdist.get_world_size()
     dim, k = 5, 4                                          # hidden = 4 * world: k features per rank
@@ -157,11 +156,11 @@ def check_tp_mlp(cls, **_) -> Verdict:
 
     ans = run(cls)
     if isinstance(ans, str):
-        return _agreed(Verdict(False, ans))
+        return agreed(Verdict(False, ans))
     mistakes = {h: run(_tp_variant(kind)) for kind, h in _TP_HINTS.items()}
     v = diagnose(ans, ref, mistakes, rtol=1e-5, atol=1e-6,   # float32 shards pass too
                  what=f"rank {r}'s output, input gradient and shard gradients")
-    return _agreed(v)
+    return agreed(v)
 
 
 # --------------------------------------------------------------------------- build it: the sequence-parallel MLP
@@ -306,7 +305,6 @@ def check_sp_mlp(cls, **_) -> Verdict:
     import copy
 
     from ddlcourse import dist
-    from ddlcourse.exercises.nb12_tensor_spatial_sharded import _agreed
     info = dist.init(horovod=False)
     r, t = tdist.get_rank(), tdist.get_world_size()
     dim, k, per, batch = 6, 4, 2, 3                        # hidden = 4 * world, 2 tokens per rank
@@ -347,8 +345,8 @@ def check_sp_mlp(cls, **_) -> Verdict:
 
     ans = run(cls)
     if isinstance(ans, str):
-        return _agreed(Verdict(False, ans))
+        return agreed(Verdict(False, ans))
     mistakes = {h: run(_sp_variant(kind)) for kind, h in _SP_HINTS.items()}
     v = diagnose(ans, ref, mistakes, rtol=1e-5, atol=1e-6,
                  what=f"rank {r}'s output and input gradient on its tokens, and the parameters' gradients")
-    return _agreed(v)
+    return agreed(v)

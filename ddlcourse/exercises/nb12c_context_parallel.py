@@ -3,7 +3,7 @@ import torch
 import torch.distributed as tdist
 
 from ddlcourse.parallel.context import online_softmax_update as _package_update
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
 
 # --------------------------------------------------------------------------- the online softmax update
@@ -210,7 +210,7 @@ def check_ring_attention_forward(fn, **_):
             v_ = Verdict(False, HINTS["divide"])
         if v_.ok and n > 1 and calls["batch"] == 0:
             v_ = Verdict(False, HINTS["batch"])
-    return _on_every_rank(v_)
+    return agreed(v_)
 
 
 def _rows_scaled(ans, ref):
@@ -218,16 +218,6 @@ def _rows_scaled(ans, ref):
     c = (ans * ref).sum(-1, keepdim=True) / (ref * ref).sum(-1, keepdim=True)
     return bool(torch.allclose(ans, c * ref, rtol=1e-6, atol=1e-9)) and bool((c > 0).all())
 
-
-def _on_every_rank(v_):
-    """The verdict of every rank: wrong on one rank is wrong on all (the first wrong rank's message)."""
-    from mpi4py import MPI
-
-    every = MPI.COMM_WORLD.allgather((v_.ok, v_.message))
-    bad = [(j, msg) for j, (ok, msg) in enumerate(every) if not ok]
-    if v_.ok and bad:
-        return Verdict(False, f"on rank {bad[0][0]}: {bad[0][1]}")
-    return v_
 
 
 def _with_imports(fn):

@@ -4,7 +4,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from ddlcourse.models.transformer import route as _route
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
 
 # --------------------------------------------------------------------------- the router
@@ -243,7 +243,7 @@ def check_moe_dispatch_combine(fn, **_):
         v_ = diagnose(ans.numpy(), ref.numpy(), {}, rtol=1e-9, atol=1e-12, what=f"rank {r}'s output")
         if not v_.ok and _same_rows(ans, ref):
             v_ = Verdict(False, HINTS["order"])
-    return _on_every_rank(v_)
+    return agreed(v_)
 
 
 def _same_rows(ans, ref):
@@ -251,16 +251,6 @@ def _same_rows(ans, ref):
     dist_ = torch.cdist(ans, ref)
     return bool((dist_.min(1).values < 1e-9).all() and (dist_.min(0).values < 1e-9).all())
 
-
-def _on_every_rank(v_):
-    """Wrong on one rank is wrong on all (the first wrong rank's message)."""
-    from mpi4py import MPI
-
-    every = MPI.COMM_WORLD.allgather((v_.ok, v_.message))
-    bad = [(j, msg) for j, (ok, msg) in enumerate(every) if not ok]
-    if v_.ok and bad:
-        return Verdict(False, f"on rank {bad[0][0]}: {bad[0][1]}")
-    return v_
 
 
 def _with_imports(fn):
