@@ -300,7 +300,7 @@ def notebook_clusters(path, scale: str | None = None) -> dict:
 
     Returns ``{"section", "clusters": [{"cell", "line", "n", "expr", "exact", "alive_with"}], "peak"}``:
     ``alive_with`` are the indices of the clusters still alive when this one starts, and ``peak`` the most
-    engines alive at the same time (12e: its n_load engines stay up while n_save more save a checkpoint).
+    engines alive at the same time (notebook 26: its n_load engines stay up while n_save more save a checkpoint).
     """
     import ast
     import json
@@ -430,7 +430,7 @@ def engines_needed(scale: str | None = None) -> dict[str, int]:
     """Engines alive at once in each notebook section at ``scale``, largest first.
 
     A section's count is its profile's ``n_ranks``/``n_engines``, or more where its notebook keeps clusters
-    alive together (:func:`notebook_clusters`: 12e's ``n_load`` engines stay up while ``n_save`` more start).
+    alive together (:func:`notebook_clusters`: notebook 26's ``n_load`` engines stay up while ``n_save`` more start).
     """
     from ddlcourse import config
     scale = config.get_scale(scale)

@@ -34,7 +34,7 @@ PROFILES: dict[str, dict[str, dict]] = {
         "cluster": dict(n_ranks=8, vector_len=4),
     },
 
-    # ---- notebooks 01-03 (issue 3): add sections below this line ----
+    # ---- foundations and loss integrity (issue 3) ----
     "sgd": {  # notebook 01: numpy gradient descent, then a small torch training loop
         "smoke": dict(n_points=64, gd_steps=30, grid=60, torch_samples=2048, torch_epochs=3, torch_batch=64),
         "laptop": dict(n_points=200, gd_steps=60, grid=120, torch_samples=8192, torch_epochs=10, torch_batch=64),
@@ -64,7 +64,7 @@ PROFILES: dict[str, dict[str, dict]] = {
     },
 
 
-    # ---- notebooks 04-08 (issue 4): add sections below this line ----
+    # ---- data parallelism (issue 4) ----
     "collectives": {  # 04: message sizes are powers of two, 2**min_log2 .. 2**max_log2 bytes
         "smoke": dict(n_ranks=2, bw_ranks=2, min_log2=3, max_log2=16, reps=2, fusion_tensors=16, fusion_nelem=256),
         "laptop": dict(n_ranks=4, bw_ranks=4, min_log2=3, max_log2=24, reps=8, fusion_tensors=64, fusion_nelem=1024),
@@ -101,7 +101,7 @@ PROFILES: dict[str, dict[str, dict]] = {
     },
 
 
-    # ---- notebooks 09-13 (issue 5): add sections below this line ----
+    # ---- beyond one device's memory, and federated learning (issue 5) ----
     "memory": {
         "smoke": dict(batch=64, dim=64, hidden=256, depth=8, image_sizes=[16, 32], volume_sizes=[8, 16], segments=3),
         "laptop": dict(batch=256, dim=64, hidden=512, depth=12, image_sizes=[16, 32, 64, 128],
@@ -138,8 +138,8 @@ PROFILES: dict[str, dict[str, dict]] = {
     },
 
 
-    # ---- notebooks 14-15 (issue 12): add sections below this line ----
-    "data_pipeline": {  # notebook 14
+    # ---- data pipeline and hyper-parameter search (issue 12) ----
+    "data_pipeline": {  # notebook 27
         "smoke": dict(n_samples=1536, image_size=16, samples_per_shard=256, batch_size=16, n_batches=8,
                       read_latency_s=0.002, width=8, n_ranks=2, contention_mb=8),
         "laptop": dict(n_samples=8192, image_size=32, samples_per_shard=1024, batch_size=64, n_batches=20,
@@ -147,7 +147,7 @@ PROFILES: dict[str, dict[str, dict]] = {
         "cluster": dict(n_samples=200_000, image_size=64, samples_per_shard=8192, batch_size=256, n_batches=50,
                         read_latency_s=0.002, width=32, n_ranks=8, contention_mb=1024),
     },
-    "hp_search": {  # notebook 15; budgets count training samples
+    "hp_search": {  # notebook 28; budgets count training samples
         "smoke": dict(n_engines=2, n_trials=8, budget=2048, sh_configs=9, sh_min_budget=256, eta=3,
                       hb_max_budget=2304, hb_min_budget=256, grid_lrs=(0.03, 0.1, 0.3, 1.0),
                       grid_batches=(16, 64), grid_budget=2048),
@@ -160,7 +160,7 @@ PROFILES: dict[str, dict[str, dict]] = {
     },
 
 
-    # ---- notebook 16 perfmodel (issue 11): add sections below this line ----
+    # ---- the performance model (issue 11) ----
     "perfmodel": {
         "smoke": dict(n_ranks=2, allreduce_bytes=[4096, 262144, 1048576, 4194304], repeats=3,
                       micro_batch=8, image=32, max_world_size=4096),
@@ -311,7 +311,7 @@ PROFILES: dict[str, dict[str, dict]] = {
                         staleness=[0, 1, 4, 16, 64], stale_steps=400, periods=[1, 4, 16, 64], local_steps=256,
                         async_steps=50, traffic_params=1_000_000),
     },
-    # notebook 11b: torch.distributed.pipelining schedules; micro-batch counts are multiples of n_ranks and at
+    # notebook 17: torch.distributed.pipelining schedules; micro-batch counts are multiples of n_ranks and at
     # least 2 * n_ranks (DualPipeV needs as many micro-batches as stages); layers_per_rank divides by 2
     "pipeline_schedules": {
         "smoke": dict(n_ranks=2, dim=64, global_batch=32, layers_per_rank=2, check_micro_batches=4,
@@ -322,7 +322,7 @@ PROFILES: dict[str, dict[str, dict]] = {
                         micro_batch_counts=[16, 32, 64], repeats=3),
     },
 
-    # notebook 08b: one DDP step under torch.profiler; delay_s: the straggler's extra seconds per step (well above
+    # notebook 24: one DDP step under torch.profiler; delay_s: the straggler's extra seconds per step (well above
     # the run-to-run noise of a shared machine); bucket_cap_mb small enough for several buckets per step
     "profiling": {
         "smoke": dict(n_ranks=2, dim=32, hidden=128, depth=3, batch=64, steps=3, bucket_cap_mb=0.05, delay_s=0.2,

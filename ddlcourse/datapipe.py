@@ -233,7 +233,7 @@ class ShardedArrayDataset:
     map-style dataset for ``torch.utils.data.DataLoader``. Only the shards overlapping this rank's range are
     ever opened (see ``shards_opened``); they are opened lazily, so the object pickles cheaply to workers.
 
-    The trade-off (notebook 14): rank ``r`` reads the **same** contiguous block in every epoch, and with
+    The trade-off (notebook 27): rank ``r`` reads the **same** contiguous block in every epoch, and with
     ``equal=True`` the last ``count % world_size`` samples are never read. That buys locality (each rank
     opens about ``1 / world_size`` of the shards) at the price of notebook 03's rule: there is no shared
     per-epoch permutation, so a run is not sample-for-sample the serial run. For that rule, read the

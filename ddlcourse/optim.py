@@ -113,7 +113,7 @@ def state_tensors(optimizer: torch.optim.Optimizer):
             yield from walk(v)
 
 
-# --------------------------------------------------------------------------- the experiments of notebook 07
+# --------------------------------------------------------------------------- the experiments of notebook 12
 # base lr at the base batch, and how it grows with the global batch (ddlcourse.schedules.scaled_lr)
 RECIPES = {
     "sgd": (0.05, "linear"),

@@ -42,11 +42,11 @@ How each number is estimated (the same text is printed under the table):
     torch's kernels loaded) for every *other* process with a context on GPU 0: the notebook kernel (it may
     touch ``cuda:0``, e.g. ``rank_device()`` off the ranks), a second cluster started while the first one is
     alive (no notebook does it: :func:`ddlcourse.checks.notebook_clusters` says so, and a test checks it), a job
-    launched beside the engines (08b's Horovod timeline). Each such process on the
+    launched beside the engines (notebook 24's Horovod timeline). Each such process on the
     GPU also holds its own communicators and model state (the caching allocator keeps its peak reserved).
-  - second copies a notebook makes: 08b's ``torch.compile`` comparison keeps the eager DDP model and a
+  - second copies a notebook makes: notebook 24's ``torch.compile`` comparison keeps the eager DDP model and a
     compiled deep copy (weights, gradients, DDP's gradient buckets, the compiled graph's saved activations);
-    12d's traffic measurement at ``sweep_tokens`` tokens per rank (:func:`moe_traffic_bytes`).
+    notebook 22's traffic measurement at ``sweep_tokens`` tokens per rank (:func:`moe_traffic_bytes`).
 * **Host memory per node**: (data one rank holds + :data:`PROCESS_OVERHEAD` per process) times the ranks of
   that run on one node (nodes of :data:`GPUS_PER_NODE` GPUs). Sections that run in the notebook's own kernel
   (no cluster) hold their model state and activations on the host as well.
@@ -315,7 +315,7 @@ def _scaling(s):
     return out
 
 
-def _memory(s):         # notebook 09: runs in the kernel
+def _memory(s):         # notebook 14: runs in the kernel
     from ddlcourse import memory
     v = max(s.volume_sizes)
     return [Workload("mlp", 1, lambda: memory.mlp(s.dim, s.hidden, s.depth), _cls(s.batch, s.dim, n_classes=4),
@@ -353,7 +353,7 @@ def _federated(s):
                      data_bytes=data)]
 
 
-def _data_pipeline(s):  # notebook 14: the kernel reads every rank's share
+def _data_pipeline(s):  # notebook 27: the kernel reads every rank's share
     from ddlcourse.models.small import SmallCNN
     data = s.n_samples * (s.image_size ** 2 * F32 + I64)
     return [Workload("kernel loop", 1, lambda: SmallCNN(1, 3, s.width), _cls(s.batch_size, 1, s.image_size,
@@ -525,12 +525,12 @@ def _native_sharding(s):
     return _small_mlp("serial reference", s.n_load, s.dim, s.hidden, s.global_batch)
 
 
-def _profiling(s):      # notebook 08b: the profiled DDP step (the compile comparison adds a second copy)
+def _profiling(s):      # notebook 24: the profiled DDP step (the compile comparison adds a second copy)
     return [Workload("profiled DDP step", s.n_ranks, _mlp(s.dim, 10, s.hidden, s.depth), _cls(s.batch, s.dim),
                      optimizer="sgd")]
 
 
-def _pipeline_schedules(s):  # notebook 11b: every rank also builds the whole model as the serial reference
+def _pipeline_schedules(s):  # notebook 17: every rank also builds the whole model as the serial reference
     from ddlcourse.parallel import schedules
     return [Workload("serial reference", s.n_ranks,
                      lambda: schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
@@ -592,7 +592,7 @@ def _scaling_ranks(n: int) -> tuple:
 
 def moe_traffic_bytes(tokens_per_rank: int, ep: int, dim: int, hidden: int, experts_per_rank: int, top_k: int,
                       capacity_factor: float = 2.0) -> int:
-    """GPU bytes of one rank in ``expert.measure_traffic`` (12d), worst case: every local expert full.
+    """GPU bytes of one rank in ``expert.measure_traffic`` (notebook 22), worst case: every local expert full.
 
     Forward: the whole token set ``tokens_per_rank * ep x dim`` (every rank builds it, then slices its own),
     its slice and the slice's gradient, router logits and probabilities (3 tensors of tokens x experts), the
@@ -620,7 +620,7 @@ def moe_traffic_bytes(tokens_per_rank: int, ep: int, dim: int, hidden: int, expe
 
 
 def _compiled_copy(e: "Estimate") -> int:
-    """08b's compare_compile: a deep copy under torch.compile (weights, gradients, DDP's buckets, the compiled
+    """Notebook 24's compare_compile: a deep copy under torch.compile (weights, gradients, DDP's buckets, the compiled
     graph's saved activations) and the eager model's own DDP buckets."""
     return e.weights + 2 * e.grads + e.activations + e.grads
 
@@ -658,7 +658,7 @@ def _ov_expert(s, ests) -> Overheads:
 
 
 def _ov_native(s, ests) -> Overheads:
-    # one cluster at a time (12e stops c before c_save starts): c's world + its (dp, tp) mesh's 2 dimensions;
+    # one cluster at a time (notebook 26 stops c before c_save starts): c's world + its (dp, tp) mesh's 2 dimensions;
     # c_save's world alone is fewer, on fewer ranks, once c's processes and their communicators are gone
     return Overheads(_groups(s.n_load, mesh_dims=2))
 
@@ -766,7 +766,7 @@ model state and activations are host memory (the GPU columns show them; no GPU i
     workspaces and allocator slack.
   comm+ctx: GPU 0's NCCL communicators ({_g(NCCL_COMM_BYTES)} GiB each, {_g(NCCL_SOLO_BYTES)} GiB for one of 1 rank: world,
     subgroups, mesh dimensions, Horovod's), {_g(CUDA_CONTEXT_BYTES)} GiB per other process's CUDA context on it
-    (notebook kernel, a second cluster or job) and second copies (08b's compiled model, 12d's traffic measurement).
+    (notebook kernel, a second cluster or job) and second copies (notebook 24's compiled model, notebook 22's traffic measurement).
   host/node: (data per rank + {_g(PROCESS_OVERHEAD)} GiB per process) x ranks of that run on one node of {GPUS_PER_NODE}
     GPUs, the largest over the section's workloads; data/rank: what one rank holds of the data set, for the
     workload with the most host memory per rank (a 1-rank point of a scaling run holds the whole set).

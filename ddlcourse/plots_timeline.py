@@ -1,4 +1,4 @@
-"""Plots for notebooks 09-13 and the labs: per-rank timelines, the pipeline bubble, memory bars, accuracy curves."""
+"""Plots for the notebooks on memory, model, pipeline, tensor and spatial parallelism, federated learning, and the labs: per-rank timelines, the pipeline bubble, memory bars, accuracy curves."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

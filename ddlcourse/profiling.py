@@ -1,4 +1,4 @@
-"""Notebook 08b · profiling a data-parallel step: traces per rank, the straggler, exposed communication.
+"""Notebook 24 · profiling a data-parallel step: traces per rank, the straggler, exposed communication.
 
 On every rank (an engine through ``parallel.model_parallel.on_first_ranks``, or a process under ``mpiexec``)
 :func:`profile_step` runs a few training steps under ``torch.profiler`` and returns the step as intervals::
@@ -407,7 +407,7 @@ def compare_compile(dim: int, hidden: int, depth: int, batch: int, steps: int = 
 # =========================================================================== command line
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m ddlcourse.profiling",
-                                description="Profiling helpers of notebook 08b (profiling a data-parallel step).")
+                                description="Profiling helpers of notebook 24 (profiling a data-parallel step).")
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("horovod-timeline", help="train a few Horovod steps with HOROVOD_TIMELINE=FILE (under mpiexec)")
     h.add_argument("file")

@@ -1,4 +1,4 @@
-"""Notebook 04b · communication runtimes: gloo against MPI on CPU ranks, hierarchical allreduce, bus bandwidth.
+"""Notebook 07 · communication runtimes: gloo against MPI on CPU ranks, hierarchical allreduce, bus bandwidth.
 
 Every ``measure_*`` / ``*_check`` function runs on **every rank** (``cluster.run(fn, ...)`` or ``mpiexec``).
 

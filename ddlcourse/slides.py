@@ -72,36 +72,36 @@ DECKS: list[Deck] = [
          ["notebooks/01_sgd.ipynb", "notebooks/02_batch_size.ipynb", "notebooks/03_loss_integrity.ipynb"],
          "Start from gradient descent on a surface you can see, then what a bigger batch does. End with the "
          "one rule of data parallelism: the same global batch must give the same answer on 1 and N processes.",
-         "Notebooks 01-03", 75),
+         "Notebooks 01–03", 75),
     Deck("03_data_parallel", "Data parallelism done right", 50,
-         ["notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb", "notebooks/06_sync_batchnorm.ipynb",
-          "notebooks/07_large_batch.ipynb", "notebooks/08_scaling.ipynb",
-          "notebooks/08b_profiling.ipynb"],
+         ["notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb", "notebooks/11_sync_batchnorm.ipynb",
+          "notebooks/12_large_batch.ipynb", "notebooks/13_scaling.ipynb",
+          "notebooks/24_profiling.ipynb"],
          "Collectives and their cost model first; then the five steps from serial to data-parallel, three ways. "
          "SyncBatchNorm, large-batch optimizers, how to measure speedup honestly, and how to read a profile.",
-         "Notebooks 04-08b", 120),
+         "Notebooks 04 and 24", 120),
     Deck("03b_runtimes", "Communication runtimes and the parameter server", 20,
-         ["notebooks/04b_comm_runtimes.ipynb", "notebooks/04c_parameter_server.ipynb"],
+         ["notebooks/07_comm_runtimes.ipynb", "notebooks/09_parameter_server.ipynb"],
          "What moves the bytes: MPI, NCCL, Gloo, gRPC; gloo against MPI measured here; the hierarchical allreduce "
          "and the 8-GPU node on paper; DDP comm hooks. Then the architecture allreduce replaced: parameter "
          "servers, staleness, the server's traffic, and local SGD.",
          "Runtimes and parameter servers", 45),
     Deck("04_beyond_memory", "When the model does not fit", 40,
-         ["notebooks/09_memory.ipynb", "notebooks/10_model_parallel.ipynb", "notebooks/11_pipeline.ipynb",
-          "notebooks/11b_pipeline_schedules.ipynb", "notebooks/12_tensor_spatial_sharded.ipynb",
-          "notebooks/13_federated.ipynb"],
+         ["notebooks/14_memory.ipynb", "notebooks/15_model_parallel.ipynb", "notebooks/16_pipeline.ipynb",
+          "notebooks/17_pipeline_schedules.ipynb", "notebooks/18_tensor_spatial.ipynb",
+          "notebooks/10_federated.ipynb"],
          "Where memory goes; then each way to split a model or an image across devices, each checked against "
          "the serial model. Pipeline bubbles predicted and measured. Federated learning at the end.",
-         "Notebooks 09-13", 100),
+         "Notebooks 10, 14, 15, 16 and 18", 100),
     Deck("05_io_search_models", "Feeding the accelerators, searching, predicting scale", 15,
-         ["notebooks/14_data_pipeline.ipynb", "notebooks/15_hyperparameter_search.ipynb",
-          "notebooks/16_perfmodel.ipynb"],
+         ["notebooks/27_data_pipeline.ipynb", "notebooks/28_hyperparameter_search.ipynb",
+          "notebooks/29_perfmodel.ipynb"],
          "I/O that keeps the compute fed, hyper-parameter search as the other use of a cluster, and a "
          "performance model to reason about thousands of GPUs we do not have in the room.",
-         "Notebooks 14-16", 60),
+         "Notebooks 27–29", 60),
     Deck("05b_transformer_parallel", "Parallelism for transformers: heads, sequence, context and experts", 20,
-         ["notebooks/12b_tensor_sequence_parallel.ipynb", "notebooks/12c_context_parallel.ipynb",
-          "notebooks/12d_expert_parallel.ipynb", "notebooks/12f_sizing_a_layout.ipynb"],
+         ["notebooks/20_tensor_sequence_parallel.ipynb", "notebooks/21_context_parallel.ipynb",
+          "notebooks/22_expert_parallel.ipynb", "notebooks/30_sizing_a_layout.ipynb"],
          "Split the heads and the MLP (Megatron's f and g) and the norms' tokens (sequence parallelism: an "
          "all-reduce taken apart, by hand and with DTensor), the sequence "
          "(ring attention, zig-zag against the causal imbalance) and the experts (all_to_all "
@@ -110,8 +110,8 @@ DECKS: list[Deck] = [
          "layouts for a 7B and a 70B model on 512 GPUs.",
          "Tensor, sequence, context and expert parallelism", 45),
     Deck("05c_resilience", "Training that survives: mixed precision, restarts, sharded checkpoints", 20,
-         ["notebooks/09b_mixed_precision.ipynb", "notebooks/13b_fault_tolerance.ipynb",
-          "notebooks/12e_native_sharding_checkpoints.ipynb"],
+         ["notebooks/23_mixed_precision.ipynb", "notebooks/25_fault_tolerance.ipynb",
+          "notebooks/26_native_sharding_checkpoints.ipynb"],
          "fp16 gradients that underflow and the loss scaler that brings them back; where fp32 master weights "
          "really are; which dtype data parallelism sends. Then a rank killed on purpose: torchrun restarts the "
          "job and it resumes from the last checkpoint, losing at most one interval. Last, FSDP2 and tensor "

@@ -204,7 +204,7 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-# --------------------------------------------------------------------------- laws and the step breakdown (notebook 08)
+# --------------------------------------------------------------------------- laws and the step breakdown (notebook 13)
 def amdahl_speedup(n, serial_fraction: float):
     """Amdahl (1967), fixed problem: S(N) = 1 / (f + (1 - f) / N)."""
     n = np.asarray(n, dtype=float)

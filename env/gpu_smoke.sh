@@ -24,7 +24,7 @@
 #   DDLCOURSE_SMOKE_TIMEOUT  seconds per check (default 900; nbval gets 4x)
 #   DDLCOURSE_SMOKE_CLUSTER_TIMEOUT  seconds for nbval_cluster (default 7200)
 # After the checks, every PASS's log is searched: a LaunchError or a timeout turns the PASS into a FAIL, a
-# ClusterError into a WARN (13b kills a rank on purpose and prints its ClusterError).
+# ClusterError into a WARN (notebook 25 kills a rank on purpose and prints its ClusterError).
 #   DDLCOURSE_SMOKE_LOGS     log dir (default results/gpu_smoke/<job id or date>)
 #SBATCH --job-name=ddl-gpu-smoke
 #SBATCH --time=04:00:00
@@ -385,7 +385,7 @@ check_nbval_cluster() {   # every notebook and lab at cluster scale: the sizes p
 }
 
 # After every check: a PASS whose log shows a LaunchError or a timeout becomes a FAIL (something was retried or
-# hidden: the run did not go the way it should); a ClusterError becomes a WARN (13b provokes one on purpose).
+# hidden: the run did not go the way it should); a ClusterError becomes a WARN (notebook 25 provokes one on purpose).
 LOG_FAIL_RE='LaunchError|TimeoutError|TimeoutExpired|timed out'
 LOG_WARN_RE='ClusterError'
 recheck_logs() {

@@ -4,7 +4,7 @@ import torch
 
 from ddlcourse import amp
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb09b_mixed_precision as ex
+from ddlcourse.exercises import nb23_mixed_precision as ex
 
 
 def test_update_scale_is_torchs_rule():

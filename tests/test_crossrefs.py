@@ -18,35 +18,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # notebook number -> words any reference to it must have nearby (lower case; a word matches a prefix)
 TOPICS: dict[str, tuple[str, ...]] = {
+    # part 1: foundations
     "00": ("setup", "cluster", "mpicluster", "engine", "allreduce"),
     "01": ("sgd", "gradient descent", "stability", "epoch", "mini-batch"),
     "02": ("batch size", "learning rate", "learning-rate", "scaling rule", "warmup", "noise"),
+    # part 2: data parallelism
     "03": ("loss integrity", "gradient averag", "gradient rule", "same answer", "1e-9", "global mean", "mistake"),
     "04": ("collective", "allreduce", "ring", "alpha-beta", "alpha–beta"),
     "05": ("data parallel", "data-parallel", "ddp", "horovod", "gradient hook"),
-    "06": ("batch norm", "batchnorm", "syncbatchnorm"),
-    "07": ("large-batch", "large batch", "lars", "lamb", "shampoo", "soap", "optimizer"),
-    "08": ("scaling", "speedup", "amdahl", "gustafson", "benchmark"),
-    "09": ("memory", "checkpointing", "mixed precision"),
-    "10": ("model parallel", "layers", "point-to-point", "send/recv"),
-    "11": ("pipelin", "gpipe", "1f1b", "micro-batch", "bubble"),
-    "12": ("tensor", "spatial", "sharded", "sharding", "zero", "mesh", "halo"),
-    "13": ("federated",),
-    "14": ("data pipeline", "data loading", "i/o", "loader", "sharded on-disk"),
-    "15": ("hyper-parameter", "hyperparameter", "search"),
-    "16": ("performance model", "perfmodel", "scaling model", "what if"),
-    # notebooks added between the numbered ones keep the numbers of the others stable
-    "04b": ("runtime", "mpi", "nccl", "gloo", "grpc"),
-    "04c": ("parameter server", "parameter-server", "staleness", "asynchronous"),
-    "09b": ("mixed precision", "mixed-precision", "loss scal", "gradscaler", "fp16", "bf16"),
-    "12b": ("tensor", "sequence parallel", "megatron"),
-    "12c": ("context parallel", "ring attention", "long sequence"),
-    "11b": ("schedule", "interleaved", "zero bubble", "zero-bubble", "pipelining"),
-    "12d": ("expert", "moe", "mixture"),
-    "12e": ("fsdp", "dcp", "checkpoint", "native sharding"),
-    "12f": ("layout", "sizing", "calculator"),
-    "13b": ("fault", "restart", "elastic", "survive"),
-    "08b": ("profil", "trace", "straggler", "timeline", "torch.compile"),
+    "07": ("runtime", "mpi", "nccl", "gloo", "grpc"),
+    "09": ("parameter server", "parameter-server", "staleness", "asynchronous"),
+    "10": ("federated",),
+    "11": ("batch norm", "batchnorm", "syncbatchnorm"),
+    "12": ("large-batch", "large batch", "lars", "lamb", "shampoo", "soap", "optimizer"),
+    "13": ("scaling", "speedup", "amdahl", "gustafson", "benchmark"),
+    # part 3: beyond one device's memory
+    "14": ("memory", "checkpointing"),
+    "15": ("model parallel", "layers", "point-to-point", "send/recv"),
+    "16": ("pipelin", "gpipe", "1f1b", "micro-batch", "bubble"),
+    "17": ("schedule", "interleaved", "zero bubble", "zero-bubble", "pipelining"),
+    "18": ("tensor", "spatial", "sharded", "sharding", "zero", "mesh", "halo"),
+    # part 4: transformer-era parallelism
+    "20": ("tensor", "sequence parallel", "megatron"),
+    "21": ("context parallel", "ring attention", "long sequence"),
+    "22": ("expert", "moe", "mixture"),
+    # part 5: running at scale
+    "23": ("mixed precision", "mixed-precision", "loss scal", "gradscaler", "fp16", "bf16"),
+    "24": ("profil", "trace", "straggler", "timeline", "torch.compile"),
+    "25": ("fault", "restart", "elastic", "survive"),
+    "26": ("fsdp", "dcp", "checkpoint", "native sharding"),
+    "27": ("data pipeline", "data loading", "i/o", "loader", "sharded on-disk"),
+    "28": ("hyper-parameter", "hyperparameter", "search"),
+    "29": ("performance model", "perfmodel", "scaling model", "what if"),
+    "30": ("layout", "sizing", "calculator"),
 }
 REF = re.compile(r"\b[Nn]otebooks?\s+(\d\d[a-f]?)\b((?:\s*(?:[–-]|,|and|or)\s*\d\d[a-f]?\b)*)")
 STALE_NAMES = re.compile(r"Concepts\s+(?:I{1,3}|IV)\b")
@@ -92,7 +96,7 @@ def _context(text: str, start: int, end: int) -> str:
 
 
 def _on_topic(nums: list[str], ctx: str) -> bool:
-    """One or two notebooks: each one's topic is named. A longer span (04-08): some topic of it is."""
+    """One or two notebooks: each one's topic is named. A longer span (11-13): some topic of it is."""
     named = [any(word in ctx for word in TOPICS[n]) for n in nums]
     return all(named) if len(nums) <= 2 else any(named)
 
@@ -137,7 +141,7 @@ def test_no_names_of_parts_that_do_not_exist():
     ("as notebook 06 (data parallelism) showed", False),           # the stale reference of issue 20
     ("**Assumes:** notebooks 04-05 (allreduce, DDP).", True),
     ("**Assumed:** notebooks 02–03 (allreduce, gradient averaging).", False),   # 02 is batch size
-    ("Data parallelism (notebooks 04–08) copies the whole state.", True),
+    ("Data parallelism at scale (notebooks 11–13: batch norm to speedup) copies the whole state.", True),
     ("see notebook 42 (anything)", False),
 ])
 def test_the_rule_catches_a_stale_number(text, ok):

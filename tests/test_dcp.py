@@ -3,7 +3,7 @@ import pytest
 
 from ddlcourse import dcp
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb12e_native_sharding_checkpoints as ex
+from ddlcourse.exercises import nb26_native_sharding_checkpoints as ex
 
 _2D = """
 import torch

@@ -7,7 +7,7 @@ import torch
 from ddlcourse import elastic
 from ddlcourse.cluster import find_processes
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb13b_fault_tolerance as ex
+from ddlcourse.exercises import nb25_fault_tolerance as ex
 
 
 def test_resume_step_takes_the_latest_complete_checkpoint():
@@ -109,7 +109,7 @@ def test_resume_checker_names_the_mistake(wrong, hint):
 
 
 def test_torchrun_starts_at_most_one_worker_per_gpu_of_this_node(monkeypatch, capsys):
-    """13b runs torchrun on the notebook's node only: 8 ranks asked for on a 4-GPU node start 4 workers."""
+    """Notebook 25 runs torchrun on the notebook's node only: 8 ranks asked for on a 4-GPU node start 4 workers."""
     import torch
 
     from ddlcourse import elastic

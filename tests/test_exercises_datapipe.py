@@ -1,9 +1,9 @@
-"""The coding exercises of notebook 14. tests/test_build_it.py checks the references and the registered
+"""The coding exercises of notebook 27. tests/test_build_it.py checks the references and the registered
 mistakes; here: other correct solutions are accepted, and the mistakes differ from the reference on the cases."""
 import numpy as np
 
 from ddlcourse import sharding
-from ddlcourse.exercises import nb14_data_pipeline as ex
+from ddlcourse.exercises import nb27_data_pipeline as ex
 from ddlcourse.selfcheck import run_checker
 
 

@@ -1,4 +1,4 @@
-"""The coding exercises of notebook 16. tests/test_build_it.py checks the references and the registered
+"""The coding exercises of notebook 29. tests/test_build_it.py checks the references and the registered
 mistakes; here: other correct solutions are accepted and unknown mistakes are described."""
 import numpy as np
 

@@ -215,10 +215,10 @@ def test_engines_needed_and_allocation_advice():
 
 
 def test_engines_needed_counts_every_cluster_alive_at_once():
-    """12e stops its n_load-engine cluster before a second one of n_save engines saves the checkpoint, so the
+    """Notebook 26 stops its n_load-engine cluster before a second one of n_save engines saves the checkpoint, so the
     two never add up (the synthetic notebook below shows clusters alive together do)."""
     from ddlcourse import config
-    nb = ROOT / "notebooks" / "12e_native_sharding_checkpoints.ipynb"
+    nb = ROOT / "notebooks" / "26_native_sharding_checkpoints.ipynb"
     for scale in config.SCALES:
         s = config.sizes("native_sharding_checkpoints", scale)
         found = checks.notebook_clusters(nb, scale)
@@ -227,15 +227,15 @@ def test_engines_needed_counts_every_cluster_alive_at_once():
             [(s.n_load, "S.n_load", True, []), (s.n_save, "S.n_save", True, [])]
         assert found["peak"] == max(s.n_load, s.n_save)
         assert checks.engines_needed(scale)["native_sharding_checkpoints"] == max(s.n_load, s.n_save)
-    # clusters one after the other (09b's with-blocks, 13b's stop-then-restart) do not add up
-    for name in ("09b_mixed_precision.ipynb", "13b_fault_tolerance.ipynb", "14_data_pipeline.ipynb"):
+    # clusters one after the other (notebook 23's with-blocks, notebook 25's stop-then-restart) do not add up
+    for name in ("23_mixed_precision.ipynb", "25_fault_tolerance.ipynb", "27_data_pipeline.ipynb"):
         found = checks.notebook_clusters(ROOT / "notebooks" / name, "cluster")
         assert len(found["clusters"]) >= 2 and all(c["alive_with"] == [] for c in found["clusters"]), name
         assert found["peak"] == config.sizes(found["section"], "cluster").n_ranks, name
     # every start the scan meets reads its n, except 08's max(ranks) (bounded by S.n_ranks)
     inexact = {(p.name, c["expr"]) for p in checks.notebook_paths()
                for c in checks.notebook_clusters(p, "cluster")["clusters"] if not c["exact"]}
-    assert inexact == {("08_scaling.ipynb", "max(ranks)")}
+    assert inexact == {("13_scaling.ipynb", "max(ranks)")}
 
 
 def test_notebook_clusters_reads_lifetimes(tmp_path):
@@ -270,7 +270,7 @@ def test_agree_counts_device_allreduces():
 @pytest.mark.mpi
 def test_a_pass_whose_log_has_a_launch_error_fails_and_a_cluster_error_warns(tmp_path):
     """The final pass over the logs: a LaunchError (or a timeout) in a PASSed check's log makes it a FAIL;
-    a ClusterError makes it a WARN (13b provokes one on purpose)."""
+    a ClusterError makes it a WARN (notebook 25 provokes one on purpose)."""
     real = subprocess.run([sys.executable, "-c", "from ddlcourse.cluster import find_mpiexec; print(find_mpiexec())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     fake = tmp_path / "mpiexec"

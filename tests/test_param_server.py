@@ -74,7 +74,7 @@ import numpy as np
 from mpi4py import MPI
 from ddlcourse import selfcheck
 from ddlcourse.parallel.param_server import push_pull, GRAD, PARAM
-from ddlcourse.exercises import nb04c_parameter_server as ex
+from ddlcourse.exercises import nb09_parameter_server as ex
 
 def mine(comm, grad, params, shards):          # a correct solution with non-blocking sends
     reqs = [comm.Isend(np.ascontiguousarray(grad[a:b]), dest=s, tag=GRAD) for s, (a, b) in enumerate(shards)]

@@ -1,9 +1,9 @@
-"""Notebook 11b: torch.distributed.pipelining schedules against the serial model; the interleaved order and
+"""Notebook 17: torch.distributed.pipelining schedules against the serial model; the interleaved order and
 its exercise checker; the bubble formulas; the saved-activation count of GPipe and 1F1B."""
 import pytest
 
 from ddlcourse import selfcheck
-from ddlcourse.exercises import nb11b_pipeline_schedules as ex
+from ddlcourse.exercises import nb17_pipeline_schedules as ex
 from ddlcourse.parallel import schedules as S
 
 CODE = """

@@ -1,6 +1,6 @@
 """The planner counts what GPU 0 holds besides a workload: NCCL communicators (world, subgroups, mesh dimensions,
 Horovod's), other CUDA contexts (notebook kernel, a second cluster, a job beside the engines), second copies
-(08b's compiled model, 12d's traffic measurement). Each test fails on the planner that left them out."""
+(notebook 24's compiled model, notebook 22's traffic measurement). Each test fails on the planner that left them out."""
 import pytest
 
 from ddlcourse import config, plan

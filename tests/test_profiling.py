@@ -1,4 +1,4 @@
-"""ddlcourse.profiling (notebook 08b, profiling a data-parallel step): interval arithmetic, the straggler rule,
+"""ddlcourse.profiling (notebook 24, profiling a data-parallel step): interval arithmetic, the straggler rule,
 Horovod's timeline, the exercise checkers, and the profiled step on 2 gloo ranks."""
 import json
 import random
@@ -7,7 +7,7 @@ import pytest
 
 from ddlcourse import profiling as P
 from ddlcourse import selfcheck
-from ddlcourse.exercises import nb08b_profiling as ex
+from ddlcourse.exercises import nb24_profiling as ex
 
 
 # --------------------------------------------------------------------------- interval arithmetic

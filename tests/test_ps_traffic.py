@@ -1,10 +1,10 @@
-"""Notebook 04c counts traffic one way: the bytes each process SENDS per step. The model, the counted messages,
+"""Notebook 09 counts traffic one way: the bytes each process SENDS per step. The model, the counted messages,
 local SGD's bytes and exercise 2's references all use it (an earlier version mixed sent + received with sent)."""
 import math
 
 import pytest
 
-from ddlcourse.exercises import nb04c_parameter_server as ex
+from ddlcourse.exercises import nb09_parameter_server as ex
 from ddlcourse.parallel import param_server as ps
 
 

@@ -1,4 +1,4 @@
-"""Notebook 04b's model of an allreduce over nodes of 8 GPUs. NCCL runs one ring channel per network adapter
+"""Notebook 07's model of an allreduce over nodes of 8 GPUs. NCCL runs one ring channel per network adapter
 ("rails"), so a flat ring uses all g adapters of a node: it has the hierarchy's network bandwidth term (to within
 m/(m-1)) and loses by latency, 2(gm-1) steps against 2(m-1) + 2(g-1). Only the leaders-only scheme squeezes
 the message through one adapter. An earlier model ran the flat ring through one adapter per node (g times the

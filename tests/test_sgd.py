@@ -1,4 +1,4 @@
-"""Notebook 01-02 helpers: numpy gradient descent (known answers), the noise scale, gradient accumulation."""
+"""Notebooks 01 and 02 helpers: numpy gradient descent (known answers), the noise scale, gradient accumulation."""
 import numpy as np
 import pytest
 import torch

@@ -2,7 +2,7 @@
 import pytest
 
 from ddlcourse import layout, selfcheck
-from ddlcourse.exercises import nb12f_sizing_a_layout as ex
+from ddlcourse.exercises import nb30_sizing_a_layout as ex
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

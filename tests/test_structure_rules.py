@@ -313,7 +313,7 @@ def test_every_temp_exception_is_still_used():
 
 
 def test_the_temp_rule_sees_the_old_12e():
-    """Before 73e2b19, 12e saved its DCP checkpoint to ``tempfile.mkdtemp()`` on the notebook's node."""
+    """Before 73e2b19, notebook 26 (then 12e) saved its DCP checkpoint to ``tempfile.mkdtemp()`` on the notebook's node."""
     old = json.loads(_git_show("00672ac:notebooks/12e_native_sharding_checkpoints.ipynb"))
     bad = notebook_temp_findings(old, "12e")
     assert any("tempfile.mkdtemp()" in f for f in bad), bad
@@ -448,7 +448,7 @@ def test_every_exception_names_a_function_that_exists():
             assert name in fns, f"{module}: no function {name} (an exception for a function that is gone)"
 
 
-# --------------------------------------------------------------------------- 11b: chunk timing without a sync per chunk
+# --------------------------------------------------------------------------- notebook 17: chunk timing without a sync per chunk
 class _FakeStage:
     stage_index = 3
 

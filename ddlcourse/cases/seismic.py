@@ -208,7 +208,7 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
     """Train the 2-D or 3-D model on synthetic seismic cubes; evaluate on held-out volumes (on every rank).
 
     ``halo_exchange``: with ``spatial > 1``, the halo exchange ``(x, halo, rank, world, send, recv)`` that the
-    spatial convolutions use (notebook 12's exercise, the learner's in lab 2); default: the package's."""
+    spatial convolutions use (notebook 18's exercise, the learner's in lab 2); default: the package's."""
     s = cfg.spatial
     need_mb = preflight(cfg, cfg.ranks or dist.world_size())   # bad options fail before any work, on every rank
     # the run's ranks as a grid: rows of `spatial` neighbouring ranks share a cube, columns are data-parallel

@@ -166,7 +166,7 @@ def _optimizer(name: str, params, lr: float, step_fn=None):
 
 class FunctionOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose update is a plain function, ``step_fn(params, grads, state, lr, betas, eps,
-    weight_decay)``: the LAMB step of notebook 07's exercise ``lamb_step``, so the lab trains on the learner's
+    weight_decay)``: the LAMB step of notebook 12's exercise ``lamb_step``, so the lab trains on the learner's
     own update while the loop, the warmup schedule (it sets ``lr``), the wrappers and the checkpoints see an
     ordinary optimizer. ``state`` is one dict for all parameters; it travels in ``state_dict()["fn_state"]``.
     Build the class for a function with :meth:`of` (a class attribute, so Horovod's subclass keeps it)."""
@@ -244,7 +244,7 @@ def train(cfg: Config, progress_file: str | None = None, step_fn=None) -> dict |
     """Train (or resume) the surrogate; returns the same result dict on every rank that takes part.
 
     Rank 0 writes the plain numbers to ``results/topology/result-<run_name>.json``.
-    ``step_fn``: a LAMB step written as a function (notebook 07's exercise ``lamb_step``), which replaces the
+    ``step_fn``: a LAMB step written as a function (notebook 12's exercise ``lamb_step``), which replaces the
     library's LAMB (``optimizer="lamb"`` only; see :class:`FunctionOptimizer`).
     """
     ctx = training.setup(cfg, progress_file=progress_file)

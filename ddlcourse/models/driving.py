@@ -3,7 +3,7 @@
 (2+1)D convolutions (Tran et al. 2018) factor a 3x3x3 convolution into a 1x3x3 spatial one followed by a
 3x1x1 temporal one: fewer parameters, and a nonlinearity between space and time. GroupNorm instead of
 BatchNorm keeps every sample independent of the others, so data-parallel runs equal serial runs exactly
-at any per-rank batch (SyncBatchNorm, notebook 06, is the alternative when BatchNorm is wanted).
+at any per-rank batch (SyncBatchNorm, notebook 11, is the alternative when BatchNorm is wanted).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context parallelism: causal ring attention, written by hand (notebook 12c · context parallelism).
+"""Context parallelism: causal ring attention, written by hand (notebook 21 · context parallelism).
 
 The sequence is split over the ``cp`` ranks of a group. Everything in a transformer except attention
 works token by token, so it runs on a rank's own tokens unchanged. Attention needs every earlier key and

@@ -1,4 +1,4 @@
-"""Expert parallelism: a mixture of experts whose experts live on different ranks (notebook 12d · expert parallelism).
+"""Expert parallelism: a mixture of experts whose experts live on different ranks (notebook 22 · expert parallelism).
 
 The ``ep`` ranks of a group each hold ``n_experts / ep`` experts and their own tokens (a shard of the batch).
 One MoE layer on a rank (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021)::

@@ -11,7 +11,7 @@ against a few with MPICH's shared memory. This hook sends CPU buckets through MP
 :func:`ddlcourse.parallel.data_parallel.wrap` does this for ``backend="ddp"`` on CPU unless ``$DDLCOURSE_DDP_HOOK=default``. The hook computes what
 DDP's default hook computes (each bucket divided by the group size, then summed over the group), so training
 is unchanged; only the transport differs. GPU buckets keep the default hook (NCCL): mpi4py sends host memory,
-and a GPU bucket would need a CUDA-aware MPI (notebook 04b, communication runtimes).
+and a GPU bucket would need a CUDA-aware MPI (notebook 07, communication runtimes).
 
 When MPI is used, as in :mod:`ddlcourse.parallel.syncbn`:
 
@@ -148,7 +148,7 @@ def hook_state(ddp) -> "MPIHookState | None":
     return getattr(ddp, "_ddl_hook_state", None)
 
 
-# --------------------------------------------------------------------------- the demo of notebook 04b (runtimes)
+# --------------------------------------------------------------------------- the demo of notebook 07 (runtimes)
 HOOKS = ("default", "mpi", "fp16")
 
 

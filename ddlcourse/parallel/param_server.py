@@ -1,4 +1,4 @@
-"""Notebook 04c · the parameter server: servers hold the parameters, workers pull them and push gradients.
+"""Notebook 09 · the parameter server: servers hold the parameters, workers pull them and push gradients.
 
 The architecture of DistBelief (Dean et al. 2012) and of TensorFlow 1's ``ClusterSpec`` with ``ps`` and
 ``worker`` tasks, built here on mpi4py point-to-point messages (TensorFlow sends the same tensors over gRPC):

@@ -1,4 +1,4 @@
-"""Notebook 11b · pipeline schedules beyond 1F1B, with torch's own ``torch.distributed.pipelining``.
+"""Notebook 17 · pipeline schedules beyond 1F1B, with torch's own ``torch.distributed.pipelining``.
 
 Run on the ranks (``mp.on_first_ranks(p, fn, ...)`` passes ``group``); every model and tensor lives on
 ``dist.init().device``. The model is a stack of ``Linear(dim, dim) + tanh`` blocks cut into ``p * v`` stages:

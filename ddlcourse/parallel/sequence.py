@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism of a transformer block (notebook 12b · tensor and sequence parallelism).
+"""Tensor and sequence parallelism of a transformer block (notebook 20 · tensor and sequence parallelism).
 
 Megatron-LM (Shoeybi et al. 2019) splits a block over the ``t`` ranks of a tensor-parallel group:
 

@@ -71,7 +71,7 @@ def _exchange(send_left, send_right, dim, halo, group):
 
 def _exchange_with(exchange, x, halo, dim, group):
     """``x`` padded along ``dim`` by ``exchange(x, halo, rank, world, send, recv)``, a halo exchange written
-    along dim 2 with point-to-point ``send(t, dst)`` (non-blocking) and ``recv(src)`` (notebook 12's exercise;
+    along dim 2 with point-to-point ``send(t, dst)`` (non-blocking) and ``recv(src)`` (notebook 18's exercise;
     lab 2 trains with the learner's), run over ``group``."""
     r, n, g = _group_info(group)
     xd = x.movedim(dim, 2)
@@ -136,7 +136,7 @@ def halo_exchange(x: torch.Tensor, halo: int, dim: int, group=None, exchange=Non
 
     Differentiable: backward sends the halo gradients back to the ranks that own those slices.
     The local size along ``dim`` must be at least ``halo``. ``exchange``: an exchange written as
-    ``exchange(x, halo, rank, world, send, recv)`` along dim 2 (notebook 12's exercise) to use for the
+    ``exchange(x, halo, rank, world, send, recv)`` along dim 2 (notebook 18's exercise) to use for the
     communication, forward and backward, instead of the package's.
     """
     dim = dim % x.dim()

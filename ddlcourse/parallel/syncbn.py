@@ -234,7 +234,7 @@ def convert_sync_batchnorm(module: nn.Module, group=None) -> nn.Module:
     return module
 
 
-# --------------------------------------------------------------------------- the experiments of notebook 06
+# --------------------------------------------------------------------------- the experiments of notebook 11
 def stat_noise(x: torch.Tensor, batch_sizes, n_draws: int = 200, seed: int = 0) -> dict:
     """Spread (std over random batches) of the per-channel batch mean and variance, per batch size.
 
