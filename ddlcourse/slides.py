@@ -68,55 +68,59 @@ DECKS: list[Deck] = [
          "Welcome. Goals for today; the four HPC attributes; the map of parallelism we will walk through. "
          "Ask who has a cluster account and who works on a laptop: the same notebooks serve both.",
          "Why distribute, and how", 30),
-    Deck("02_sgd_batch", "SGD, batch size and loss integrity", 35,
-         ["notebooks/01_sgd.ipynb", "notebooks/02_batch_size.ipynb", "notebooks/03_loss_integrity.ipynb"],
-         "Start from gradient descent on a surface you can see, then what a bigger batch does. End with the "
-         "one rule of data parallelism: the same global batch must give the same answer on 1 and N processes.",
-         "Notebooks 01–03", 75),
-    Deck("03_data_parallel", "Data parallelism done right", 50,
-         ["notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb", "notebooks/11_sync_batchnorm.ipynb",
-          "notebooks/12_large_batch.ipynb", "notebooks/13_scaling.ipynb",
-          "notebooks/24_profiling.ipynb"],
-         "Collectives and their cost model first; then the five steps from serial to data-parallel, three ways. "
-         "SyncBatchNorm, large-batch optimizers, how to measure speedup honestly, and how to read a profile.",
-         "Notebooks 04 and 24", 120),
-    Deck("03b_runtimes", "Communication runtimes and the parameter server", 20,
-         ["notebooks/07_comm_runtimes.ipynb", "notebooks/09_parameter_server.ipynb"],
-         "What moves the bytes: MPI, NCCL, Gloo, gRPC; gloo against MPI measured here; the hierarchical allreduce "
-         "and the 8-GPU node on paper; DDP comm hooks. Then the architecture allreduce replaced: parameter "
-         "servers, staleness, the server's traffic, and local SGD.",
-         "Runtimes and parameter servers", 45),
-    Deck("04_beyond_memory", "When the model does not fit", 40,
+    Deck("02_foundations", "Part 1 · Foundations: SGD and batch size", 20,
+         ["notebooks/01_sgd.ipynb", "notebooks/02_batch_size.ipynb"],
+         "Start from gradient descent on a surface you can see, then what a bigger batch does to the learning "
+         "rate, the warmup and the gradient noise.",
+         "Notebooks 01–02", 45),
+    Deck("03_data_parallel", "Part 2 · Data parallelism done right", 40,
+         ["notebooks/03_loss_integrity.ipynb", "notebooks/04_collectives.ipynb", "notebooks/05_data_parallel.ipynb",
+          "notebooks/06_data_parallel_in_practice.ipynb"],
+         "The one rule first: the same global batch gives the same answer on 1 and N processes. Then collectives "
+         "and their cost model, the five steps from serial to data-parallel three ways, your own DDP, and the "
+         "practice around it: accumulation with no_sync, unused parameters, compression.",
+         "Notebooks 03–06", 100),
+    Deck("03b_runtimes", "Part 2 · What moves the bytes, and what allreduce replaced", 15,
+         ["notebooks/07_comm_runtimes.ipynb", "notebooks/08_node_and_network.ipynb",
+          "notebooks/09_parameter_server.ipynb", "notebooks/10_federated.ipynb"],
+         "MPI, NCCL, Gloo, gRPC; gloo against MPI measured here; DDP communication hooks. The node and the "
+         "network: the hierarchical allreduce, NVLink and InfiniBand on paper. Then the architecture allreduce "
+         "replaced (parameter servers, staleness, local SGD) and federated averaging, which sends models.",
+         "Notebooks 07–10", 60),
+    Deck("03c_at_scale", "Part 2 · Batch norm, large batches and speedup", 20,
+         ["notebooks/11_sync_batchnorm.ipynb", "notebooks/12_large_batch.ipynb", "notebooks/13_scaling.ipynb"],
+         "SyncBatchNorm at small per-rank batches, large-batch optimizers, and how to measure speedup and "
+         "efficiency honestly.",
+         "Notebooks 11–13", 60),
+    Deck("04_beyond_memory", "Part 3 · When the model does not fit", 40,
          ["notebooks/14_memory.ipynb", "notebooks/15_model_parallel.ipynb", "notebooks/16_pipeline.ipynb",
           "notebooks/17_pipeline_schedules.ipynb", "notebooks/18_tensor_spatial.ipynb",
-          "notebooks/10_federated.ipynb"],
-         "Where memory goes; then each way to split a model or an image across devices, each checked against "
-         "the serial model. Pipeline bubbles predicted and measured. Federated learning at the end.",
-         "Notebooks 10, 14, 15, 16 and 18", 100),
-    Deck("05_io_search_models", "Feeding the accelerators, searching, predicting scale", 15,
-         ["notebooks/27_data_pipeline.ipynb", "notebooks/28_hyperparameter_search.ipynb",
-          "notebooks/29_perfmodel.ipynb"],
-         "I/O that keeps the compute fed, hyper-parameter search as the other use of a cluster, and a "
-         "performance model to reason about thousands of GPUs we do not have in the room.",
-         "Notebooks 27–29", 60),
-    Deck("05b_transformer_parallel", "Parallelism for transformers: heads, sequence, context and experts", 20,
+          "notebooks/19_sharded_data_parallel.ipynb"],
+         "Where memory goes; then each way to split a model, an image or the training state across devices, "
+         "each checked against the serial model. Pipeline bubbles predicted and measured; ZeRO by hand.",
+         "Notebooks 14–19", 100),
+    Deck("05_transformer_parallel", "Part 4 · Parallelism for transformers: heads, sequence, context and experts", 20,
          ["notebooks/20_tensor_sequence_parallel.ipynb", "notebooks/21_context_parallel.ipynb",
-          "notebooks/22_expert_parallel.ipynb", "notebooks/30_sizing_a_layout.ipynb"],
+          "notebooks/22_expert_parallel.ipynb"],
          "Split the heads and the MLP (Megatron's f and g) and the norms' tokens (sequence parallelism: an "
          "all-reduce taken apart, by hand and with DTensor), the sequence "
          "(ring attention, zig-zag against the causal imbalance) and the experts (all_to_all "
-         "dispatch and combine, capacity and dropped tokens), each exact against the serial model, and the "
-         "layout calculator's memory and bytes against what the ranks measure; then that calculator chooses "
-         "layouts for a 7B and a 70B model on 512 GPUs.",
-         "Tensor, sequence, context and expert parallelism", 45),
-    Deck("05c_resilience", "Training that survives: mixed precision, restarts, sharded checkpoints", 20,
-         ["notebooks/23_mixed_precision.ipynb", "notebooks/25_fault_tolerance.ipynb",
+         "dispatch and combine, capacity and dropped tokens), each exact against the serial model.",
+         "Notebooks 20–22", 45),
+    Deck("05b_resilience", "Part 5 · Running at scale: precision, profiles, restarts, sharded checkpoints", 15,
+         ["notebooks/23_mixed_precision.ipynb", "notebooks/24_profiling.ipynb", "notebooks/25_fault_tolerance.ipynb",
           "notebooks/26_native_sharding_checkpoints.ipynb"],
-         "fp16 gradients that underflow and the loss scaler that brings them back; where fp32 master weights "
-         "really are; which dtype data parallelism sends. Then a rank killed on purpose: torchrun restarts the "
-         "job and it resumes from the last checkpoint, losing at most one interval. Last, FSDP2 and tensor "
-         "parallelism on a 2-D mesh, and a DCP checkpoint saved on 2 ranks that 4 ranks load and continue.",
-         "Mixed precision, fault tolerance, DCP", 45),
+         "fp16 gradients that underflow and the loss scaler that brings them back; a profile of a DDP step, its "
+         "straggler and its exposed allreduce. Then a rank killed on purpose: torchrun restarts the job and it "
+         "resumes from the last checkpoint. Last, a DCP checkpoint saved on 2 ranks that 4 ranks load.",
+         "Notebooks 23–26", 60),
+    Deck("05c_io_search_models", "Part 5 · Feeding the accelerators, searching, predicting scale, sizing", 15,
+         ["notebooks/27_data_pipeline.ipynb", "notebooks/28_hyperparameter_search.ipynb",
+          "notebooks/29_perfmodel.ipynb", "notebooks/30_sizing_a_layout.ipynb"],
+         "I/O that keeps the compute fed, hyper-parameter search as the other use of a cluster, a performance "
+         "model to reason about thousands of GPUs we do not have in the room, and a layout calculator that "
+         "chooses DP × TP × PP × CP for a 7B and a 70B model.",
+         "Notebooks 27–30", 60),
     Deck("06_lab_maize", "Lab 1: maize segmentation and anomalies", 20, ["labs/01_maize.ipynb"],
          "Instance segmentation and anomaly detection, data-parallel with Horovod and DDP; SyncBatchNorm at "
          "small per-rank batches; weak scaling by growing the field.", "Lab 1", 45),
