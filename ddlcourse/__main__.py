@@ -101,8 +101,16 @@ def _cmd_plan(args) -> int:
     return plan.main(args.scale)
 
 
-def _cmd_run(args, extra) -> int:
+def _cmd_run(args, extra, parser) -> int:
     from ddlcourse import cases
+    if args.case is None:
+        text = parser.format_help() + f"\ncases: {', '.join(cases.available())}\n"
+        if args.help:
+            print(text, end="")
+            return 0
+        raise ValueError("run: which case? e.g. python -m ddlcourse run seismic --help\n" + text)
+    if args.help:
+        extra = [*extra, "--help"]
     return cases.main(args.case, extra, scale=args.scale, backend=args.backend)
 
 
@@ -121,10 +129,12 @@ def main(argv=None) -> int:
     cl.add_argument("--orphans", action="store_true", help="only clusters whose starting process is gone")
     pl = sub.add_parser("plan", help="memory budget per GPU and per node of every section")
     pl.add_argument("--scale", default="cluster", help="smoke | laptop | cluster (default: cluster)")
-    r = sub.add_parser("run", help="train a case study")
-    r.add_argument("case")
+    # run's --help goes to the case, which lists its settings with their values at the chosen scale
+    r = sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
+    r.add_argument("case", nargs="?")
     r.add_argument("--scale", default=None, help="smoke | laptop | cluster (default: $DDLCOURSE_SCALE or laptop)")
     r.add_argument("--backend", default="ddp", help="ddp | horovod")
+    r.add_argument("-h", "--help", action="store_true", help="the case's settings and their values at --scale")
     args, extra = p.parse_known_args(argv)
     if args.cmd != "run" and extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -137,7 +147,7 @@ def main(argv=None) -> int:
             return _cmd_clusters(args)
         if args.cmd == "plan":
             return _cmd_plan(args)
-        return _cmd_run(args, extra)
+        return _cmd_run(args, extra, r)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, not a traceback
         print(f"python -m ddlcourse: error: {e}", file=sys.stderr)
         return 2

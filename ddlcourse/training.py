@@ -341,6 +341,8 @@ def _usage(mod, scale) -> str:
     hints = typing.get_type_hints(type(cfg))
     for k in cfg.settings():
         lines.append(f"  {k:<20} = {getattr(cfg, k)!r:<24} {_type_name(hints.get(k))}")
+    lines += ["", f"set one with key=value, e.g. python -m ddlcourse run {cfg.CASE} --scale {cfg.scale} epochs=1"
+                  if "epochs" in cfg.settings() else "set one with key=value"]
     return "\n".join(lines)
 
 

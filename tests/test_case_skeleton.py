@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
+import re
 import sys
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -352,3 +353,16 @@ def test_run_comparisons_and_timeline_events():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "head"]
     with pytest.raises(ValueError, match="rank, kind, micro_batch, start, stop"):
         plots_timeline.as_event((0, "F", 1.0))
+
+
+def test_run_help_lists_the_cases_settings_with_their_values(capsys):
+    """``python -m ddlcourse run seismic --help`` reaches the case (argparse's generic help did not)."""
+    from ddlcourse import __main__ as cli
+    from ddlcourse.cases import seismic
+    assert cli.main(["run", "seismic", "--scale", "smoke", "--help"]) == 0
+    out = capsys.readouterr().out
+    epochs = seismic.make_config("smoke").epochs
+    assert re.search(rf"^\s+epochs\s+= {epochs}\s+int$", out, re.M), out
+    assert "key=value" in out and "settings (values at scale smoke)" in out
+    assert cli.main(["run", "--help"]) == 0 and "cases: " in capsys.readouterr().out
+    assert cli.main(["run"]) == 2 and "which case?" in capsys.readouterr().err
