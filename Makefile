@@ -49,7 +49,7 @@ test-notebooks: env
 SCALE ?= smoke
 slides: env
 	@bash env/install_chromium.sh
-	@$(PY) -m ddlcourse.slides build --scale $(SCALE)
+	@$(PY) -m instructor.slides build --scale $(SCALE)
 
 lock:
 	@bash env/lock.sh

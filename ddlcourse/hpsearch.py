@@ -86,7 +86,7 @@ def train_trial(config: dict, budget: int, task: dict | None = None, device=None
 
     from ddlcourse.device import now, rank_device
     from ddlcourse.models.small import MLP
-    from ddlcourse.schedules import with_warmup
+    from ddlcourse.optim import with_warmup
 
     device = rank_device(device)
     t0 = now(device)

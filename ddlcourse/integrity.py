@@ -39,7 +39,7 @@ from ddlcourse import sharding
 from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
 from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
-from ddlcourse.schedules import scaled_lr, warmup_factor
+from ddlcourse.optim import scaled_lr, warmup_factor
 
 MISTAKES = {
     "none": "correct: sharded sampler, global-mean loss, averaged gradients",

@@ -114,7 +114,7 @@ def train_curve(make_model, X, y, Xte, yte, batch_size: int, lr: float, steps: i
     Batches walk through a fresh permutation each epoch. Stops early, marked ``diverged``, when the loss
     becomes non-finite or exceeds 10x its start.
     """
-    from ddlcourse.schedules import warmup_factor
+    from ddlcourse.optim import warmup_factor
 
     torch.manual_seed(seed)
     model = make_model()

@@ -1,4 +1,5 @@
-"""One factory for the optimizers the course compares as the global batch grows.
+"""The learning-rate rules for large batches, and one factory for the optimizers the course compares as the
+global batch grows.
 
     from ddlcourse.optim import make_optimizer, with_warmup
     opt = make_optimizer("lamb", model.parameters(), lr=0.01)
@@ -33,11 +34,51 @@ states stay identical as long as every rank starts from the same state: broadcas
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ddlcourse.device import now, rank_device
-from ddlcourse.schedules import with_warmup  # re-exported: the warmup the course uses everywhere
 
+
+# --------------------------------------------------------------------------- learning-rate rules for large batches
+# * linear scaling (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): ``lr = base_lr * global_batch / base_batch``
+# * square-root scaling (Krizhevsky 2014; Hoffer et al. 2017): ``lr = base_lr * sqrt(global_batch / base_batch)``
+# * gradual warmup (Goyal et al. 2017): ramp linearly from ``lr / warmup_steps`` to ``lr`` over the first steps.
+
+def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str = "linear") -> float:
+    if global_batch < 1 or base_batch < 1:
+        raise ValueError(f"batch sizes must be >= 1, got global_batch={global_batch}, base_batch={base_batch}")
+    k = global_batch / base_batch
+    if rule == "linear":
+        return base_lr * k
+    if rule == "sqrt":
+        return base_lr * math.sqrt(k)
+    if rule == "none":
+        return base_lr
+    raise ValueError(f"unknown scaling rule {rule!r}; use 'linear', 'sqrt' or 'none'")
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Multiplier of the target lr at ``step`` (0-based): (step+1)/warmup_steps during warmup, then 1."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, (step + 1) / warmup_steps)
+
+
+def with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                total_steps: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then constant (or cosine decay to 0 when ``total_steps`` is given). Call ``.step()`` per step."""
+    def factor(step: int) -> float:
+        w = warmup_factor(step, warmup_steps)
+        if total_steps is None or step < warmup_steps:
+            return w
+        t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1 + math.cos(math.pi * t))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --------------------------------------------------------------------------- the optimizers
 OPTIMIZERS = ("sgd", "adam", "lars", "lamb", "shampoo", "soap")
 
 # sensible defaults for the small models of the notebooks; a caller's keyword wins
@@ -50,8 +91,8 @@ _DEFAULTS = {
     "soap": dict(precondition_frequency=10),   # re-diagonalise the preconditioners every 10 steps
 }
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "with_warmup", "broadcast_state",
-           "state_tensors", "lars_trust_ratio", "lamb_trust_ratio"]
+__all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "scaled_lr", "warmup_factor", "with_warmup",
+           "broadcast_state", "state_tensors", "lars_trust_ratio", "lamb_trust_ratio"]
 
 
 def _pytorch_optimizer(name: str):
@@ -114,7 +155,7 @@ def state_tensors(optimizer: torch.optim.Optimizer):
 
 
 # --------------------------------------------------------------------------- the experiments of notebook 12
-# base lr at the base batch, and how it grows with the global batch (ddlcourse.schedules.scaled_lr)
+# base lr at the base batch, and how it grows with the global batch (scaled_lr above)
 RECIPES = {
     "sgd": (0.05, "linear"),
     "adam": (0.002, "sqrt"),
@@ -160,7 +201,6 @@ def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int 
     """
     from ddlcourse.data.toy import teacher_classification
     from ddlcourse.models.small import MLP
-    from ddlcourse.schedules import scaled_lr
 
     X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
     Xt, yt = teacher_classification(1024, dim=dim, n_classes=4, seed=seed, label_noise=0.0)

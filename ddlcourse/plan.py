@@ -531,9 +531,9 @@ def _profiling(s):      # notebook 24: the profiled DDP step (the compile compar
 
 
 def _pipeline_schedules(s):  # notebook 17: every rank also builds the whole model as the serial reference
-    from ddlcourse.parallel import schedules
+    from ddlcourse.parallel import pipeline_schedules
     return [Workload("serial reference", s.n_ranks,
-                     lambda: schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
+                     lambda: pipeline_schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
                      _dense(s.global_batch, (s.dim,), (s.dim,)), loss=_mse, optimizer="none",
                      data_bytes=2 * s.global_batch * s.dim * F32)]
 

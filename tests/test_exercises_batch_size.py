@@ -1,6 +1,6 @@
 """The coding exercise of notebook 02 (linear scaling rule with warmup, as a schedule function)."""
 from ddlcourse.exercises import nb02_batch_size as ex
-from ddlcourse.schedules import scaled_lr, warmup_factor
+from ddlcourse.optim import scaled_lr, warmup_factor
 from ddlcourse.selfcheck import run_checker
 
 

@@ -4,13 +4,13 @@ import pytest
 
 from ddlcourse import selfcheck
 from ddlcourse.exercises import nb17_pipeline_schedules as ex
-from ddlcourse.parallel import schedules as S
+from ddlcourse.parallel import pipeline_schedules as S
 
 CODE = """
 import torch
 from mpi4py import MPI
 from ddlcourse import dist
-from ddlcourse.parallel import schedules as S
+from ddlcourse.parallel import pipeline_schedules as S
 torch.set_num_threads(1)
 dist.init(horovod=False)
 n = dist.world_size()

@@ -2,7 +2,7 @@
 the idle time of torch's own plan run on a model of the ranks with those times (no MPI, no timing)."""
 import pytest
 
-from ddlcourse.parallel import schedules as S
+from ddlcourse.parallel import pipeline_schedules as S
 
 ZB_AND_DUALPIPE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from ddlcourse import browser, slides
+from instructor import browser, slides
 
 ROOT = slides.ROOT
 

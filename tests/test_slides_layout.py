@@ -1,8 +1,8 @@
-"""The deck layout rules of ddlcourse.slides, without a browser: splitting, hiding, cutting, paginating."""
+"""The deck layout rules of instructor.slides, without a browser: splitting, hiding, cutting, paginating."""
 import nbformat
 import pytest
 
-from ddlcourse import slides
+from instructor import slides
 
 
 def md(src, kind=None, cid=None):
@@ -104,7 +104,7 @@ def test_make_slides_passes_the_scale_and_the_deck_says_which():
 
     dry = subprocess.run(["make", "-n", "slides", "SCALE=laptop"], capture_output=True, text=True,
                          cwd=slides.ROOT, check=True).stdout
-    assert "ddlcourse.slides build --scale laptop" in dry, dry
+    assert "instructor.slides build --scale laptop" in dry, dry
     assert "--scale smoke" in subprocess.run(["make", "-n", "slides"], capture_output=True, text=True,
                                               cwd=slides.ROOT, check=True).stdout
     head = slides.title_cells(slides.DECKS[0], "laptop")[0].source

@@ -41,7 +41,7 @@ import pytest
 from test_device_placement import _functions  # noqa: E402  (tests/ is on sys.path under pytest)
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "ddlcourse").rglob("*.py"))
+MODULES = sorted(p.relative_to(ROOT).as_posix() for d in ("ddlcourse", "instructor") for p in (ROOT / d).rglob("*.py"))
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 
 
@@ -224,7 +224,7 @@ TEMP_ALLOWED = {
     ("ddlcourse/datapipe.py", "scratch_dir"):
         "mkdtemp(dir=root) only makes a unique name under the data cache root, which the learner points at a "
         "file system",
-    ("ddlcourse/browser.py", "Chromium.__enter__"):
+    ("instructor/browser.py", "Chromium.__enter__"):
         "headless Chromium's own profile for the slide checks, on the instructor's machine, one process",
 }
 
@@ -460,10 +460,10 @@ class _FakeStage:
 
 
 def _run_chunks(clock, events):
-    from ddlcourse.parallel import schedules
+    from ddlcourse.parallel import pipeline_schedules
     log = []
     stage = _FakeStage(log)
-    schedules._instrument(stage, events, 0, clock)
+    pipeline_schedules._instrument(stage, events, 0, clock)
     t0 = clock.start_step()
     stage.forward_one_chunk(0)
     stage.backward_one_chunk(0)
@@ -476,7 +476,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     (after the barrier) and end, and the events are read only after that end."""
     import torch
 
-    from ddlcourse.parallel import schedules
+    from ddlcourse.parallel import pipeline_schedules
     gpu = {"t": 0.0, "synced_at": -1.0, "syncs": 0}
 
     class FakeEvent:
@@ -499,7 +499,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
     monkeypatch.setattr(torch.cuda, "synchronize", sync)
-    clock = schedules._ChunkClock("cuda:0")
+    clock = pipeline_schedules._ChunkClock("cuda:0")
     events = []
     t0, log = _run_chunks(clock, events)
     assert log == [("F", 0), ("B", 0), ("W", 0)]
@@ -507,7 +507,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     assert all(isinstance(e["start"], FakeEvent) and isinstance(e["stop"], FakeEvent) for e in events)
     clock.end_step()
     assert gpu["syncs"] == 2
-    got = schedules._resolve(events, clock, t0)
+    got = pipeline_schedules._resolve(events, clock, t0)
     assert [(e["kind"], e["stage"]) for e in got] == [("F", 3), ("B", 3), ("W", 3)]
     assert [(round(e["start"], 6), round(e["stop"], 6)) for e in got] == \
         [(0.0015, 0.003), (0.0045, 0.006), (0.0075, 0.009)]   # ms after the reference event, in seconds
@@ -516,18 +516,18 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
 def test_chunk_timing_on_the_cpu_is_the_host_clock(monkeypatch):
     import torch
 
-    from ddlcourse.parallel import schedules
+    from ddlcourse.parallel import pipeline_schedules
 
     def no_events(*a, **k):
         raise AssertionError("no CUDA event on the CPU")
 
     monkeypatch.setattr(torch.cuda, "Event", no_events)
-    clock = schedules._ChunkClock("cpu")
+    clock = pipeline_schedules._ChunkClock("cpu")
     events = []
     t0, _ = _run_chunks(clock, events)
     clock.end_step()
     assert all(isinstance(e["start"], float) and t0 <= e["start"] <= e["stop"] for e in events)
-    got = schedules._resolve(events, clock, t0)
+    got = pipeline_schedules._resolve(events, clock, t0)
     assert all(g["start"] == e["start"] - t0 and g["stop"] == e["stop"] - t0 for g, e in zip(got, events))
 
 
@@ -535,8 +535,8 @@ def test_measure_reads_the_events_after_the_step():
     """measure(): the clock's start_step/end_step bracket the step and _resolve comes after end_step."""
     import inspect
 
-    from ddlcourse.parallel import schedules
-    src = inspect.getsource(schedules.measure)
+    from ddlcourse.parallel import pipeline_schedules
+    src = inspect.getsource(pipeline_schedules.measure)
     a = src.index("clock.start_step()")
     assert a < src.index("_step(sched", a) < src.index("clock.end_step()", a) < src.index("_resolve(events, clock, t0)", a)
-    assert "synchronize" not in inspect.getsource(schedules._instrument)
+    assert "synchronize" not in inspect.getsource(pipeline_schedules._instrument)

@@ -151,7 +151,7 @@ def _batch(d: dict, idx: np.ndarray, ctx) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _lr(cfg: Config) -> float:
-    from ddlcourse.schedules import scaled_lr
+    from ddlcourse.optim import scaled_lr
     return scaled_lr(cfg.lr, cfg.global_batch, cfg.base_batch, cfg.lr_rule)
 
 
@@ -267,7 +267,7 @@ def train(cfg: Config, progress_file: str | None = None, step_fn=None) -> dict |
         if done == 0:
             raise ValueError(f"init_from={cfg.init_from!r}: that run has no checkpoint; train it first")
     opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg), step_fn)
-    from ddlcourse.schedules import with_warmup
+    from ddlcourse.optim import with_warmup
     sched = with_warmup(opt, cfg.warmup_steps)
     ckpt = ctx.checkpointer(CASE, epochs=cfg.epochs)                  # fresh=True clears it
     start_epoch, extra = ckpt.load(model, opt)

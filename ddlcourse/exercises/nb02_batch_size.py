@@ -1,5 +1,5 @@
 """Exercises of notebooks/02_batch_size.ipynb."""
-from ddlcourse.schedules import scaled_lr, warmup_factor
+from ddlcourse.optim import scaled_lr, warmup_factor
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 

@@ -3,7 +3,7 @@ zero-bubble split of a backward pass into B (the input gradient) and a deferred 
 import numpy as np
 import torch
 
-from ddlcourse.parallel.schedules import interleaved_order
+from ddlcourse.parallel.pipeline_schedules import interleaved_order
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, order_verdict
 
 CASES = [(r, p, m, v) for p, m, v in ((2, 4, 2), (4, 8, 2), (4, 4, 2), (3, 6, 3), (2, 2, 2)) for r in range(p)]
@@ -93,7 +93,7 @@ def _named(kind):
                          ("gpipe", "plain_1f1b_warmup", "off_by_one", "same_direction")])
 def check_interleaved_order(fn, **_) -> Verdict:
     """``fn(rank, num_ranks, num_micro_batches, stages_per_rank) -> [("F" | "B", stage, micro_batch), ...]``
-    against :func:`ddlcourse.parallel.schedules.interleaved_order` (the order of torch's
+    against :func:`ddlcourse.parallel.pipeline_schedules.interleaved_order` (the order of torch's
     ``ScheduleInterleaved1F1B``) for several ranks, rank counts, micro-batch counts and stages per rank."""
     for r, p, m, v in CASES:
         verdict = order_verdict(_as_ops(fn(r, p, m, v)), _as_ops(interleaved_order(r, p, m, v)),

@@ -1,6 +1,6 @@
 """Build the instructor's reveal.js decks from the course notebooks (one source, no drift).
 
-    python -m ddlcourse.slides build [--execute all|lectures|none] [--no-pdf] [DECK ...]     # or: make slides
+    python -m instructor.slides build [--execute all|lectures|none] [--no-pdf] [DECK ...]     # or: make slides
 
 A deck is a list of source notebooks: the concept notebooks and labs themselves, plus short slide notebooks
 in ``slides/src/`` where a lecture needs more. From each source the build takes
@@ -406,8 +406,9 @@ def executed_copy(path: Path, execute: bool = True, timeout: int = 3600, scale: 
         return nbformat.read(cache, as_version=4)
     from nbclient import NotebookClient
     # smoke scale, and the inline backend so that figures become outputs (tests set MPLBACKEND=Agg)
-    saved = {k: os.environ.get(k) for k in ("DDLCOURSE_SCALE", "MPLBACKEND")}
-    os.environ.update(DDLCOURSE_SCALE=scale, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    saved = {k: os.environ.get(k) for k in ("DDLCOURSE_SCALE", "MPLBACKEND", "PYTHONPATH")}
+    os.environ.update(DDLCOURSE_SCALE=scale, MPLBACKEND="module://matplotlib_inline.backend_inline",
+                      PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]])))   # instructor.figures
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
@@ -498,7 +499,7 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
     """
     from contextlib import ExitStack
 
-    from ddlcourse.browser import Chromium, StaticServer, find_chromium
+    from instructor.browser import Chromium, StaticServer, find_chromium
 
     decks = [d for d in DECKS if not names or d.name in names]
     unknown = set(names or []) - {d.name for d in DECKS}
@@ -547,7 +548,7 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddlcourse.slides")
+    p = argparse.ArgumentParser(prog="python -m instructor.slides")
     p.add_argument("action", choices=["build", "list"])
     p.add_argument("decks", nargs="*")
     p.add_argument("--execute", choices=["all", "lectures", "none"], default="all",
