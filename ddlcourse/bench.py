@@ -11,11 +11,10 @@ Definitions used throughout the course (N = number of ranks, T(N) = time per ste
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
-from ddlcourse.device import synchronize
+from ddlcourse.device import now, synchronize
 
 
 @dataclass
@@ -66,10 +65,10 @@ def time_steps(step: Callable[[], object], n_steps: int = 10, warmup: int = 2,
     settle()
     times = []
     for _ in range(n_steps):
-        t0 = time.perf_counter()
+        t0 = now()                     # settled above: the device's queue is empty
         step()
         settle()
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return StepTimes(times, samples_per_step)
 
 

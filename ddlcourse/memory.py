@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
+from ddlcourse.device import synchronize
+
 OPT_STATE_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2}   # fp32 tensors of the parameter's size
 
 
@@ -164,7 +166,7 @@ def measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn=None, op
     opt = make_optimizer(optimizer, model.parameters())
     opt.zero_grad(set_to_none=True)
     if dev.type == "cuda":
-        torch.cuda.synchronize()
+        synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
     meter = SavedTensorMeter([p for p in model.parameters() if p.dim() > 1])

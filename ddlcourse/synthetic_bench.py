@@ -14,21 +14,17 @@ From a notebook, on every engine: ``c.run(synthetic_bench.run, model="smallcnn",
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ddlcourse.device import now
+
 MODELS = ("mlp", "smallcnn", "resnet")
 
 
-def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` after the device has finished its queued work (CUDA runs asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 BACKENDS = ("ddp", "horovod", "allreduce", "none")
 
 
@@ -150,10 +146,10 @@ def run(model: str = "smallcnn", batch_size: int = 32, image_size: int = 32, wid
         benchmark_step()
     rates = []
     for _ in range(num_iters):
-        t0 = clock(info.device)
+        t0 = now(info.device)
         for _ in range(batches_per_iter):
             benchmark_step()
-        rates.append(batch_size * batches_per_iter / (clock(info.device) - t0))
+        rates.append(batch_size * batches_per_iter / (now(info.device) - t0))
     mean, ci = float(np.mean(rates)), float(1.96 * np.std(rates))
     return dict(rank=info.rank, world_size=world, model=model, backend=backend, batch_size=batch_size,
                 img_sec_rank=mean, img_sec_rank_ci=ci, img_sec_total=mean * world,
@@ -250,16 +246,16 @@ def step_breakdown(n_ranks: int, batch_size: int = 16, image_size: int = 32, wid
     t = torch.randint(0, 10, (batch_size,), generator=g).to(dev)
     parts = np.zeros(3)
     for i in range(steps + 1):
-        t0 = clock(dev)
+        t0 = now(dev)
         opt.zero_grad()
         F.cross_entropy(net(x), t).backward()
-        t1 = clock(dev)                                # backward has finished on the device, not just been queued
+        t1 = now(dev)                                # backward has finished on the device, not just been queued
         comm.Barrier()                                 # the wait for the slowest rank is idle time
-        t2 = clock(dev)
+        t2 = now(dev)
         average_gradients(net, group)
-        t3 = clock(dev)
+        t3 = now(dev)
         opt.step()
-        t4 = clock(dev)
+        t4 = now(dev)
         if i:                                          # the first step warms up
             parts += [(t1 - t0) + (t4 - t3), t2 - t1, t3 - t2]
     parts /= steps

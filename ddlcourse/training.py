@@ -82,6 +82,7 @@ import numpy as np
 import torch
 
 from ddlcourse import config, sharding
+from ddlcourse.device import now as device_now, synchronize as device_synchronize
 
 BACKENDS = ("ddp", "horovod")
 
@@ -522,13 +523,12 @@ class RunContext:
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (CUDA runs kernels asynchronously); no-op on the CPU."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        device_synchronize(self.device)
 
     def now(self) -> float:
-        """The clock after the device's queued work is done: time spans measure the work, not its launch."""
-        self.synchronize()
-        return time.perf_counter()
+        """The course's one clock (:func:`ddlcourse.device.now`) on this rank's device: time spans measure the
+        work, not its launch."""
+        return device_now(self.device)
 
     def timer(self) -> Timer:
         return Timer(self)

@@ -355,9 +355,6 @@ DEVICE_METHODS = {"backward", "to", "cuda"}
 # (module, function) -> why its host clock is right (it synchronises first, or it times no device work).
 HOST_TIMERS = {
     ("ddlcourse/device.py", "now"): "the course's synchronising clock itself: synchronize(device), then the clock",
-    ("ddlcourse/training.py", "RunContext.now"): "RunContext's clock: self.synchronize(), then the clock",
-    ("ddlcourse/synthetic_bench.py", "clock"):
-        "the benchmark's synchronising clock itself: torch.cuda.synchronize on CUDA, then the clock",
     ("ddlcourse/elastic.py", "train_loop"):
         "wall-clock timestamps in the run's log, taken after float(mean) has waited for the step's allreduce; "
         "restart_seconds spans two processes (a killed attempt and its restart), which only the wall clock can",
@@ -540,3 +537,24 @@ def test_measure_reads_the_events_after_the_step():
     a = src.index("clock.start_step()")
     assert a < src.index("_step(sched", a) < src.index("clock.end_step()", a) < src.index("_resolve(events, clock, t0)", a)
     assert "synchronize" not in inspect.getsource(pipeline_schedules._instrument)
+
+
+# --------------------------------------------------------------------------- one clock
+def cuda_synchronize_calls(tree: ast.AST) -> list[int]:
+    """Lines that call ``torch.cuda.synchronize`` (or ``cuda.synchronize``) directly."""
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "synchronize"
+            and isinstance(n.func.value, (ast.Attribute, ast.Name))
+            and (getattr(n.func.value, "attr", None) == "cuda" or getattr(n.func.value, "id", None) == "cuda")]
+
+
+def test_only_the_device_module_waits_for_cuda():
+    """One clock (issue 28): ``ddlcourse.device.now`` / ``synchronize``; every other timer calls them."""
+    bad = {m: lines for m in MODULES if m != "ddlcourse/device.py"
+           and (lines := cuda_synchronize_calls(ast.parse((ROOT / m).read_text())))}
+    assert not bad, f"call ddlcourse.device.synchronize / now instead of torch.cuda.synchronize: {bad}"
+
+
+def test_the_clock_rule_sees_a_private_clock():
+    src = "import time, torch\ndef clock(d):\n    if d.type == 'cuda':\n        torch.cuda.synchronize(d)\n    return time.perf_counter()\n"
+    assert cuda_synchronize_calls(ast.parse(src)) == [4]
