@@ -1,7 +1,7 @@
 """The hardware figures the course uses, once, with their sources.
 
 Every bandwidth here is **per direction** (what one sender can push to one receiver at a time), the figure the
-alpha-beta models of notebooks 04, 07, 29 and 30 need. Vendors often quote both directions added together;
+alpha-beta models of notebooks 04, 08, 29 and 30 need. Vendors often quote both directions added together;
 ``both_ways`` says what the datasheet's headline number is. Compute is dense (no sparsity) tensor-core
 throughput. These are datasheet peaks: measured bandwidths are lower, so a model that uses them gives a lower
 bound on time.

@@ -1,4 +1,5 @@
-"""Notebook 07 · communication runtimes: gloo against MPI on CPU ranks, hierarchical allreduce, bus bandwidth.
+"""Notebooks 07 (communication runtimes: gloo against MPI on CPU ranks, bus bandwidth) and 08 (the node and the
+network: hierarchical allreduce).
 
 Every ``measure_*`` / ``*_check`` function runs on **every rank** (``cluster.run(fn, ...)`` or ``mpiexec``).
 
@@ -244,7 +245,7 @@ def hierarchy_model(nbytes: float, nodes: int, gpus_per_node: int = 8, intra: Li
       its slowest hop: the network hop (``alpha_net + n/(g p) beta_net``) or a GPU's NVLink, which carries the
       chunks of the ``g-1`` channels that stay in the node (``alpha_nvl + (g-1) n/(g p) beta_nvl``). Every
       adapter sends ``2 (p-1)/p n/g`` bytes: all ``g`` adapters of a node share the message;
-    * ``reduce / allreduce / bcast``: this notebook's scheme; a reduce and a broadcast inside the node (each
+    * ``reduce / allreduce / bcast``: notebook 08's exercise; a reduce and a broadcast inside the node (each
       costed as a reduce-scatter plus a gather: ``2 (g-1) (alpha + n/g beta)``), and a ring over the node
       leaders whose whole message goes through the leader's one adapter: ``2 (m-1)/m n`` bytes, ``g`` times
       the others' per adapter. This is the scheme that loses bandwidth;

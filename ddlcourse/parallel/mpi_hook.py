@@ -11,7 +11,7 @@ against a few with MPICH's shared memory. This hook sends CPU buckets through MP
 :func:`ddlcourse.parallel.data_parallel.wrap` does this for ``backend="ddp"`` on CPU unless ``$DDLCOURSE_DDP_HOOK=default``. The hook computes what
 DDP's default hook computes (each bucket divided by the group size, then summed over the group), so training
 is unchanged; only the transport differs. GPU buckets keep the default hook (NCCL): mpi4py sends host memory,
-and a GPU bucket would need a CUDA-aware MPI (notebook 07, communication runtimes).
+and a GPU bucket would need a CUDA-aware MPI (notebook 08, the node and the network).
 
 When MPI is used, as in :mod:`ddlcourse.parallel.syncbn`:
 
