@@ -96,7 +96,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-# --------------------------------------------------------------------------- overlap, and the demos of notebook 05
+# --------------------------------------------------------------------------- overlap, and the demos of notebooks 05-06
 class OverlappingHooks:
     """Hooks that *start* each gradient's allreduce as soon as backward produces it (``async_op``), and
     a :meth:`wait` to call before ``optimizer.step()``. Communication of late layers then overlaps
@@ -121,6 +121,27 @@ class OverlappingHooks:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def accumulate_step(ddp_model: nn.Module, micro_batches, optimizer: torch.optim.Optimizer, loss_fn) -> float:
+    """One optimizer step of ``ddp_model`` (a ``DistributedDataParallel``) on this rank's share of the global
+    batch, given as ``micro_batches``, k ``(x, y)`` pairs of equal size (gradient accumulation, notebook 06).
+
+    Every backward but the last runs inside ``ddp_model.no_sync()``: the gradients add up in ``.grad`` and DDP
+    all-reduces each bucket once, on the last backward. Each micro-batch's loss is divided by k, so the step is
+    one step on the whole global batch. Returns this rank's mean loss over its micro-batches."""
+    from contextlib import nullcontext
+
+    k = len(micro_batches)
+    optimizer.zero_grad()
+    total = 0.0
+    for i, (x, y) in enumerate(micro_batches):
+        with ddp_model.no_sync() if i < k - 1 else nullcontext():
+            loss = loss_fn(ddp_model(x), y) / k
+            loss.backward()
+        total += loss.item()
+    optimizer.step()
+    return total
 
 
 WAYS = ("serial", "after_backward", "allreduce", "overlap", "ddp", "horovod")
