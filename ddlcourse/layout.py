@@ -28,12 +28,12 @@ What it assumes (the course's implementations, and Megatron-LM's conventions):
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
 from ddlcourse.hardware import GPUS, LINKS
+from ddlcourse.memory import SavedTensors
 
 
 @dataclass(frozen=True)
@@ -370,29 +370,15 @@ def candidates(model: Model, world: int, global_batch: int, prec: Precision = MI
 
 
 # --------------------------------------------------------------------------- measuring what the formulas predict
-@contextmanager
-def saved_activations(*modules):
-    """Count the bytes autograd saves inside the block, each storage once, the modules' parameters left out
+def saved_activations(*modules) -> SavedTensors:
+    """The bytes autograd saves inside the block, each storage once, the modules' parameters left out
     (a ``Linear`` saves a transposed *view* of its weight: same storage, no new memory)::
 
         with layout.saved_activations(block) as saved:
             y = block(x, pos)
-        saved["bytes"]
+        saved.bytes
     """
-    params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-    seen: set = set()
-    out = {"bytes": 0}
-
-    def pack(t):
-        st = t.untyped_storage()
-        key = (st.data_ptr(), st.nbytes())
-        if st.data_ptr() not in params and key not in seen:
-            seen.add(key)
-            out["bytes"] += st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield out
+    return SavedTensors(skip=[p for m in modules for p in m.parameters()])
 
 
 # --------------------------------------------------------------------------- ZeRO and a rough step time

@@ -70,24 +70,66 @@ def predict(model: nn.Module, x: torch.Tensor, optimizer: str = "adam") -> dict:
     return out
 
 
-class SavedTensorMeter:
-    """Context manager: the bytes autograd saves for backward inside it (each storage once)."""
+class SavedTensors:
+    """The course's one saved-tensor meter: what autograd keeps for backward inside ``with``.
 
-    def __init__(self, weights=()):
-        # 16-bit copies of the weights that autocast makes (and autograd keeps) are counted apart
+    The rule, the same everywhere (notebooks 14, 17, 20 and 21, the labs, the planner, the layout calculator):
+
+    * a saved tensor costs its own bytes, once: saved twice, or as two views of the same bytes (a reshape, a
+      transpose), it counts once; a slice counts its slice (a pipeline's micro-batches are slices of one batch);
+    * every tensor on the storages of ``skip`` is left out: pass the parameters (they exist anyway; a ``Linear``
+      saves a transposed *view* of its weight) and, where wanted, the input batch;
+    * on the meta device, where every storage's address is 0, the storage object itself identifies it (the meter
+      holds it, so its identity stays unique), so a 512^3 cube is measured without allocating it;
+    * ``weights``: 16-bit copies of these weights that autocast makes and autograd keeps are counted apart, in
+      ``weight_copies``, not in ``bytes``;
+    * ``track_live=True`` also follows the release: ``live`` is what autograd still holds (it drops as backward
+      frees saved tensors) and ``peak`` the most it held at once since :meth:`reset` (pipeline schedules).
+
+    ``bytes`` (``mb`` in MiB) is everything saved, ``largest`` the largest saved tensor, ``sizes`` maps each
+    saved tensor (storage, offset, bytes) to its bytes. :meth:`add` counts tensors by hand (the planner counts the batch whether or not it is saved)::
+
+        with memory.SavedTensors(skip=model.parameters()) as saved:
+            loss = loss_fn(model(x), y)
+        print(f"{saved.mb:.1f} MiB saved for backward")
+    """
+
+    def __init__(self, skip=(), weights=(), track_live: bool = False):
+        self._held: dict = {}                   # key -> storage (keeps meta storages' ids unique)
+        self._skip = {self._storage(t) for t in skip}
         self.weights = [w.detach() for w in weights]
-        self.seen, self.bytes, self.weight_copies = set(), 0, 0
+        self.sizes: dict = {}
+        self.weight_copies = 0
+        self.track_live = track_live
+        self._refs: dict = {}
+        self.live = self.peak = 0
 
-    def _pack(self, t):
-        s = t.untyped_storage()
-        key = (s.data_ptr(), s.nbytes())
-        if key not in self.seen and s.nbytes() > 0:
-            self.seen.add(key)
+    def _storage(self, t):
+        """What identifies ``t``'s storage: its address, or on meta (address 0) the storage object."""
+        st = t.untyped_storage()
+        if st.device.type == "meta":
+            self._held.setdefault(("meta", id(st)), st)
+            return ("meta", id(st))
+        return st.data_ptr()
+
+    def add(self, *tensors) -> None:
+        """Count ``tensors`` (their storages, once) as if autograd had saved them."""
+        for t in tensors:
+            self._count(t)
+
+    def _count(self, t):
+        storage = self._storage(t)
+        nbytes = t.numel() * t.element_size()
+        if storage in self._skip or nbytes == 0:
+            return None
+        key = (storage, t.storage_offset() * t.element_size(), nbytes)
+        if key not in self.sizes:
             if t.dtype in (torch.bfloat16, torch.float16) and self._is_weight_copy(t):
-                self.weight_copies += s.nbytes()
-            else:
-                self.bytes += s.nbytes()
-        return t
+                self.weight_copies += nbytes
+                self._skip.add(storage)
+                return None
+            self.sizes[key] = nbytes
+        return key
 
     def _is_weight_copy(self, t) -> bool:
         for w in self.weights:
@@ -96,51 +138,64 @@ class SavedTensorMeter:
                     return True
         return False
 
+    def _pack(self, t):
+        key = self._count(t)
+        if not self.track_live or key is None:
+            return t
+        return _Held(t, self, key)
+
+    @staticmethod
+    def _unpack(h):
+        return h.tensor if isinstance(h, _Held) else h
+
+    def _hold(self, key):
+        if not self._refs.get(key):
+            self._refs[key] = 0
+            self.live += self.sizes[key]
+            self.peak = max(self.peak, self.live)
+        self._refs[key] += 1
+
+    def _release(self, key):
+        self._refs[key] -= 1
+        if not self._refs[key]:
+            del self._refs[key]
+            self.live -= self.sizes[key]
+
+    def reset(self) -> None:
+        """Start a new peak from what is held now (and forget the storages counted so far)."""
+        self.sizes = {k: v for k, v in self.sizes.items() if self._refs.get(k)}
+        self.peak = self.live
+
     def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._ctx.__exit__(*exc)
 
-
-class SavedBytes:
-    """Context manager: the bytes of the tensors autograd saves inside it, each storage once, ``model``'s
-    parameters left out (they exist anyway). ``.mb`` is the total in MiB; ``.saved`` maps storage -> bytes.
-
-    The per-rank activation meter of the labs (lab 2 measures a cube's slab with it)::
-
-        with memory.SavedBytes(model) as mem:
-            loss = loss_fn(model(x), y)
-        print(f"{mem.mb:.1f} MB saved for backward")
-    """
-
-    def __init__(self, model: nn.Module):
-        self.params = {id(p) for p in model.parameters()}
-        self.saved: dict = {}
-
-    def _pack(self, t):
-        if id(t) not in self.params:
-            st = t.untyped_storage()
-            self.saved[(st.data_ptr(), st.nbytes())] = st.nbytes()
-        return t
-
-    def __enter__(self):
-        self._cm = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._cm.__exit__(*exc)
-
     @property
     def bytes(self) -> int:
-        return sum(self.saved.values())
+        return sum(self.sizes.values())
+
+    @property
+    def largest(self) -> int:
+        return max(self.sizes.values(), default=0)
 
     @property
     def mb(self) -> float:
         return self.bytes / 2 ** 20
+
+
+class _Held:
+    """One saved tensor (``track_live``): its storage counts as held until autograd drops it."""
+
+    def __init__(self, t, meter: SavedTensors, key):
+        self.tensor, self.meter, self.key = t, meter, key
+        meter._hold(key)
+
+    def __del__(self):
+        self.meter._release(self.key)
 
 
 def _storage_bytes(ts) -> int:
@@ -169,12 +224,9 @@ def measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn=None, op
         synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
-    meter = SavedTensorMeter([p for p in model.parameters() if p.dim() > 1])
-    for p in model.parameters():                         # weights saved for backward are parameters, not
-        meter._pack(p)                                   # activations: mark them as seen ...
-    if exclude_input:
-        meter._pack(x)                                   # ... and the input batch too (it exists anyway) ...
-    meter.bytes = 0                                      # ... so that they are not counted
+    # weights saved for backward are parameters, not activations; the input batch exists anyway
+    meter = SavedTensors(skip=[*model.parameters(), *([x] if exclude_input else [])],
+                         weights=[p for p in model.parameters() if p.dim() > 1])
     with meter, torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
         loss = loss_fn(model(x), y)
     loss.backward()

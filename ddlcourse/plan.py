@@ -66,6 +66,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ddlcourse import config
+from ddlcourse.memory import SavedTensors
 
 GiB = 2 ** 30
 GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
@@ -161,21 +162,11 @@ def saved_tensor_bytes(model: nn.Module, inputs, target, loss_fn=None) -> tuple[
     """
     loss_fn = loss_fn or F.cross_entropy
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    params = {id(p.untyped_storage()) for p in model.parameters()}
-    held: dict = {}                             # id -> storage; holding them keeps the ids unique
-
-    def pack(t):
-        st = t.untyped_storage()
-        if id(st) not in params:
-            held[id(st)] = st
-        return t
-
-    for t in (*inputs, target):
-        pack(t)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    saved = SavedTensors(skip=model.parameters())
+    saved.add(*inputs, target)
+    with saved:
         loss_fn(model(*inputs), target)
-    sizes = [st.nbytes() for st in held.values()]
-    return int(sum(sizes)), int(max(sizes, default=0))
+    return saved.bytes, saved.largest
 
 
 def _meta_model(build: Callable[[], nn.Module]) -> nn.Module:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "H": "#C44E52"}
-KIND_NAMES = {"F": "forward", "B": "backward", "H": "head"}
+# F forward, B backward (the input gradient alone in a zero-bubble schedule), W weight gradient, H the head
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "H": "#C44E52"}
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight grad", "H": "head"}
 _KEYS = ("rank", "kind", "micro_batch", "start", "stop")
 
 
@@ -37,7 +38,10 @@ def gather_events(events, comm) -> list[dict]:
 
 
 def plot_timeline(events, ax=None, title: str = "", label_micro_batches: bool = True):
-    """One row per rank; a box per event, coloured by kind (F forward, B backward, H head), in ms.
+    """One row per rank; a box per event, coloured by kind (F forward, B backward, W weight grad, H head), in ms.
+
+    The one timeline of the course: model parallelism (15), pipelines (16), torch's schedules (17), lab 4 and the
+    profiles of 24 draw with it.
 
     ``events``: dicts ``{rank, kind, micro_batch, start, stop}`` or tuples in that order (seconds).
     Boxes are labelled with the micro-batch number; the legend lists the kinds present.

@@ -27,7 +27,7 @@ def test_serial_block_activations(b, s, h, a):
     with layout.saved_activations(block) as saved:
         block(x, torch.arange(s))
     pred = layout.activation_bytes_per_layer(layout.Model.from_config(cfg), layout.Layout(micro_batch=b))
-    assert abs(pred - saved["bytes"]) <= 0.10 * saved["bytes"], (pred, saved)
+    assert abs(pred - saved.bytes) <= 0.10 * saved.bytes, (pred, saved)
 
 
 def test_zero_stages_and_recompute_shrink_memory():

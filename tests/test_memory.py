@@ -54,12 +54,12 @@ def test_bf16_autocast_halves_activations():
 def test_saved_bytes_counts_what_backward_keeps_without_the_parameters():
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
     x = torch.randn(16, 4)
-    with memory.SavedBytes(m) as mem:
+    with memory.SavedTensors(skip=m.parameters()) as mem:
         m(x).sum()
     # Linear keeps its input (16 x 4 floats) and its weight (a parameter: not counted); ReLU keeps its output
-    assert mem.bytes == 4 * (16 * 4 + 16 * 8) and len(mem.saved) == 2
+    assert mem.bytes == 4 * (16 * 4 + 16 * 8) and len(mem.sizes) == 2
     assert mem.mb == mem.bytes / 2 ** 20
-    with memory.SavedBytes(m) as none:
+    with memory.SavedTensors(skip=m.parameters()) as none:
         with torch.no_grad():
             m(x)
     assert none.bytes == 0

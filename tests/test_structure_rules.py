@@ -558,3 +558,21 @@ def test_only_the_device_module_waits_for_cuda():
 def test_the_clock_rule_sees_a_private_clock():
     src = "import time, torch\ndef clock(d):\n    if d.type == 'cuda':\n        torch.cuda.synchronize(d)\n    return time.perf_counter()\n"
     assert cuda_synchronize_calls(ast.parse(src)) == [4]
+
+
+# --------------------------------------------------------------------------- one saved-tensor meter
+def saved_tensor_hook_calls(tree: ast.AST) -> list[int]:
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "saved_tensors_hooks"]
+
+
+def test_only_memory_registers_saved_tensor_hooks():
+    """One meter (issue 28): ``memory.SavedTensors`` counts what autograd saves, with one rule for everyone."""
+    bad = {m: lines for m in MODULES if m != "ddlcourse/memory.py"
+           and (lines := saved_tensor_hook_calls(ast.parse((ROOT / m).read_text())))}
+    assert not bad, f"measure with ddlcourse.memory.SavedTensors instead of your own saved_tensors_hooks: {bad}"
+
+
+def test_the_meter_rule_sees_a_private_meter():
+    src = "import torch\nwith torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):\n    pass\n"
+    assert saved_tensor_hook_calls(ast.parse(src)) == [2]

@@ -260,9 +260,9 @@ def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict
 
 def _memory_per_rank(cfg, model, xb, yb, loss_fn, ctx) -> list[dict]:
     """Parameter bytes and bytes saved for backward on each rank, for one local batch."""
-    from ddlcourse.memory import SavedTensorMeter
+    from ddlcourse.memory import SavedTensors
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    meter = SavedTensorMeter()
+    meter = SavedTensors(skip=model.parameters())
     with meter:
         if cfg.mp > 1:
             model.step(xb, yb, loss_fn, cfg.micro_batches)

@@ -248,7 +248,7 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
                     # cut the slab on the host, then move only the slab to the device
                     x = ctx.to(slab(model_input(cfg, cubes["seismic"][i]), group, depth_dim))
                     y = ctx.to(slab(model_target(cfg, cubes["labels"][i]), group, 1))
-                    with memory.SavedBytes(model) as mem:
+                    with memory.SavedTensors(skip=model.parameters()) as mem:
                         loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
                     activation_mb = max(activation_mb, mem.mb)
                     (loss * ctx.world_size).backward()    # the mean over ranks below undoes the factor

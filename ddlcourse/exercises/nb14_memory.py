@@ -2,6 +2,7 @@
 import torch
 import torch.utils.checkpoint
 
+from ddlcourse.memory import SavedTensors
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -131,18 +132,10 @@ def _ck_run(fn, n_layers, segments, batch=6, width=16):
     (parameters and the input left out), the layers run during backward (recomputation) and a backward error."""
     model = _ck_model(n_layers, width)
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
-    saved, log = {}, []
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            saved[st.data_ptr()] = st.nbytes()
-        return t
-
+    saved, log = SavedTensors(skip=[*model.parameters(), x]), []
     hooks = [m.register_forward_pre_hook(lambda _m, _i, i=i: log.append(i)) for i, m in enumerate(model)]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved:
             out = fn(model, x, segments)
         log.clear()
         loss = (out.float() ** 2).sum()
@@ -155,7 +148,7 @@ def _ck_run(fn, n_layers, segments, batch=6, width=16):
         for h in hooks:
             h.remove()
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-    return dict(out=out.detach(), grads=grads, saved=sum(saved.values()), log=list(log), error=error,
+    return dict(out=out.detach(), grads=grads, saved=saved.bytes, log=list(log), error=error,
                 boundary_bytes=batch * width * 4)
 
 

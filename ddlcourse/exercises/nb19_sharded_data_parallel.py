@@ -3,6 +3,7 @@ ZeRO-3 (FSDP) layer."""
 import numpy as np
 import torch
 
+from ddlcourse.memory import SavedTensors
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
@@ -305,10 +306,9 @@ def _train_sharded(cls, W, b, X, Y, rank, world, lr):
         for s in range(X.shape[0]):
             opt.zero_grad(set_to_none=True)
             x = X[s, rows].clone().requires_grad_(True)
-            saved = []
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(_storage_numel(t)) or t, lambda t: t):
+            with SavedTensors(skip=[x]) as saved:         # the input is the caller's, not kept by the layer
                 y = layer(x)
-            out["kept"] = max([out["kept"], _kept_by_autograd(y)] + [k for k in saved if k != _storage_numel(x)])
+            out["kept"] = max([out["kept"], _kept_by_autograd(y)] + [b // x.element_size() for b in saved.sizes.values()])
             out["held"] = max(out["held"], sum(_storage_numel(t) for m in layer.modules()
                                               for t in list(vars(m).values()) + list(m._buffers.values())
                                               if isinstance(t, torch.Tensor)))

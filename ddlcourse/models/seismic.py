@@ -123,7 +123,7 @@ def activation_bytes(model: nn.Module, input_shape, device: str = "meta", loss: 
     """Bytes of the tensors that autograd saves for backward in one forward (+ loss) pass.
 
     These saved activations, not the weights, are what grows with the cube. Counted with
-    ``torch.autograd.graph.saved_tensors_hooks``; each storage once (a tensor saved twice costs once).
+    :class:`ddlcourse.memory.SavedTensors`; each storage once (a tensor saved twice costs once).
     On ``device="meta"`` nothing is computed, so a 512^3 cube is measured in milliseconds. Parameters
     saved for backward are left out (they are memory of the model, not of the activations).
     """
@@ -134,19 +134,12 @@ def activation_bytes(model: nn.Module, input_shape, device: str = "meta", loss: 
         for blk in m.modules():
             if isinstance(blk, ConvReLU):
                 blk._spatial = (ZeroHaloConv(blk.conv),)
-    params = {id(p) for p in m.parameters()}
-    saved: dict = {}
-
-    def pack(t: torch.Tensor):
-        if id(t) not in params:
-            st = t.untyped_storage()
-            saved[(st.data_ptr(), id(st) if device == "meta" else 0, st.nbytes())] = st.nbytes()
-        return t
+    from ddlcourse.memory import SavedTensors
 
     x = torch.zeros(input_shape, device=device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensors(skip=m.parameters()) as saved:
         out = m(x)
         if loss:
             target = torch.zeros((out.shape[0],) + tuple(out.shape[2:]), dtype=torch.long, device=device)
             torch.nn.functional.cross_entropy(out, target)
-    return int(sum(saved.values()))
+    return saved.bytes

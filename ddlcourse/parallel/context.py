@@ -306,7 +306,7 @@ def measure_block(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, 
         with lay_mod.saved_activations(block) as saved:
             y = block(x, pos)
         y.sum().backward()
-    return dict(rank=r, saved=saved["bytes"], sent=sent["ring"])
+    return dict(rank=r, saved=saved.bytes, sent=sent["ring"])
 
 
 def train(cfg, steps: int, batch: int, lr: float = 3e-3, layout: str = "zigzag", group=None, seed: int = 0,

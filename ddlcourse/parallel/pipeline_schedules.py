@@ -26,6 +26,7 @@ from torch.distributed import pipelining as pp
 
 from ddlcourse import dist
 from ddlcourse.device import now
+from ddlcourse.memory import SavedTensors
 
 # name -> (schedule class, stages per rank, placement of the stages)
 SCHEDULES = {
@@ -134,60 +135,6 @@ def predicted_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
     _, v, _ = _spec(schedule)
     busy = v * num_micro_batches * (t_f + t_b + t_w)
     return idle / (busy + idle)
-
-
-class _SavedBytes:
-    """Bytes of the tensors autograd saves for backward, live now and at the peak (saved_tensors_hooks).
-
-    Each saved block of memory (address and size) counts once while any saved tensor uses it; views of the
-    parameters (a Linear saves its transposed weight) are left out: they are weights, not activations.
-    """
-
-    def __init__(self, params=()):
-        self.skip = {p.data_ptr() for p in params}
-        self.refs: dict = {}              # (address, bytes) -> saved tensors using it
-        self.live = 0
-        self.peak = 0
-
-    def add(self, key, nbytes):
-        if key not in self.refs:
-            self.refs[key] = 0
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-        self.refs[key] += 1
-
-    def remove(self, key, nbytes):
-        self.refs[key] -= 1
-        if not self.refs[key]:
-            del self.refs[key]
-            self.live -= nbytes
-
-    def reset(self):
-        self.peak = self.live
-
-    def _pack(self, t):
-        if t.data_ptr() in self.skip:
-            return t
-        return _Held(t, self, (t.data_ptr(), t.numel() * t.element_size()))
-
-    @staticmethod
-    def _unpack(h):
-        return h.tensor if isinstance(h, _Held) else h
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-
-
-class _Held:
-    """One saved tensor; its storage counts while autograd keeps it (freed with the graph after backward)."""
-
-    def __init__(self, t, counter, key):
-        self.tensor, self.counter, self.key = t, counter, key
-        self.nbytes = key[1]
-        counter.add(key, self.nbytes)
-
-    def __del__(self):
-        self.counter.remove(self.key, self.nbytes)
 
 
 class _ChunkClock:
@@ -327,7 +274,7 @@ def measure(schedule: str, num_micro_batches: int, micro_batch: int, dim: int, l
         _instrument(st, events, r, clock)
     busy, spans, last = [], [], []
     params = [q for mod in modules.values() for q in mod.parameters()]
-    saved = _SavedBytes(params)
+    saved = SavedTensors(skip=params, track_live=True)
     for _ in range(repeats):
         events.clear()
         for mod in modules.values():
@@ -335,15 +282,15 @@ def measure(schedule: str, num_micro_batches: int, micro_batch: int, dim: int, l
         tdist.barrier(group=group)
         saved.reset()
         t0 = clock.start_step()
-        with saved.hooks():
+        with saved:
             _step(sched, mine, n_stages, x, y)
         spans.append(clock.end_step() - t0)
         last = _resolve(events, clock, t0)
         busy.append(sum(e["stop"] - e["start"] for e in last))
     peak = saved.peak
     # one micro-batch through this rank's stages (plus the loss where the last stage lives), kept alive
-    unit = _SavedBytes(params)
-    with unit.hooks():
+    unit = SavedTensors(skip=params, track_live=True)
+    with unit:
         xs = x[:micro_batch]
         outs = [modules[s](xs.clone()) for s in mine]      # each stage gets its own input, as in the pipeline
         if n_stages - 1 in mine:
@@ -555,32 +502,3 @@ def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
 def text_picture(orders: dict[int, list[tuple]]) -> str:
     """One line per rank: ``F0.1`` is the forward of stage 0 on micro-batch 1 (rank -> its actions, in order)."""
     return "\n".join(f"rank {r}: " + " ".join(f"{k}{s}.{mb}" for k, s, mb in ops) for r, ops in sorted(orders.items()))
-
-
-# --------------------------------------------------------------------------- plots
-KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
-
-
-def plot_timeline(events, ax=None, title: str = ""):
-    """One row per rank, a box per compute call (F forward, B backward or input grad, W weight grad), in ms.
-
-    ``events``: the dicts of :func:`measure` (times in seconds). Gaps in a row are time the rank spent idle
-    or waiting for a message.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    ranks = sorted({e["rank"] for e in events})
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.45 * (1 + len(ranks))))
-    for e in events:
-        w = (e["stop"] - e["start"]) * 1e3
-        ax.barh(e["rank"], w, left=e["start"] * 1e3, color=KIND_COLORS[e["kind"]], edgecolor="white", height=0.8)
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title, fontsize=9)
-    names = {"F": "forward", "B": "backward (input grad in ZB)", "W": "weight grad"}
-    kinds = [k for k in KIND_COLORS if any(e["kind"] == k for e in events)]
-    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in kinds], fontsize=7, loc="lower right")
-    return ax

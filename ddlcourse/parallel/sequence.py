@@ -514,7 +514,7 @@ def measure_block(cfg=None, batch: int = 2, sp: bool = False, group=None, seed: 
         with lay_mod.saved_activations(block) as saved:
             y = block(x, pos)
         y.sum().backward()
-    return dict(rank=r, sp=sp, saved=saved["bytes"], sent=sent["tp"], params=sum(p.numel() for p in block.parameters()))
+    return dict(rank=r, sp=sp, saved=saved.bytes, sent=sent["tp"], params=sum(p.numel() for p in block.parameters()))
 
 
 def activation_sweep(cfg, batch: int, group=None, device=None) -> list[dict]:
