@@ -294,3 +294,57 @@ def use_checked(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs):
     print(f"[{name}] the lab runs on the package's reference until yours passes "
           f"(selfcheck.solution({name!r}) shows it)")
     return _code_exercise(name).solution
+
+
+class AllReduceSpy:
+    """``with AllReduceSpy() as spy:`` sees, without changing them, the calls of ``torch.distributed.all_reduce``:
+    the checkers' one way to tell *when* and *how* a learner's code communicates.
+
+    Set ``spy.watching`` around the part that matters (during backward, inside a communication hook). For the
+    calls made while watching, ``sent`` lists each message's ``(dtype, bytes)``, ``blocking`` counts those not
+    started with ``async_op=True`` and ``waits`` the ``.wait()`` on their handles made while still watching.
+    ``launched`` says, for every call, whether it was made while watching.
+    """
+
+    def __init__(self):
+        self.watching = False
+        self.calls: list = []                 # (watching, dtype, bytes) of every call
+        self.blocking = self.waits = 0
+
+    @property
+    def launched(self) -> list[bool]:
+        return [w for w, _, _ in self.calls]
+
+    @property
+    def sent(self) -> list[tuple]:
+        return [(dtype, nbytes) for w, dtype, nbytes in self.calls if w]
+
+    def __enter__(self):
+        import torch.distributed as tdist
+
+        spy, self.real = self, tdist.all_reduce
+
+        class Handle:
+            def __init__(self, work):
+                self._work = work
+
+            def wait(self, *a, **k):
+                spy.waits += spy.watching
+                return self._work.wait(*a, **k)
+
+            def __getattr__(self, name):
+                return getattr(self._work, name)
+
+        def all_reduce(tensor, *a, async_op=False, **k):
+            spy.calls.append((spy.watching, tensor.dtype, tensor.numel() * tensor.element_size()))
+            spy.blocking += spy.watching and not async_op
+            work = spy.real(tensor, *a, async_op=async_op, **k)
+            return Handle(work) if async_op else work
+
+        tdist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as tdist
+
+        tdist.all_reduce = self.real

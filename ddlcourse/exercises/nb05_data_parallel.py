@@ -3,7 +3,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import AllReduceSpy, Verdict, code_exercise, diagnose, exercise
 
 
 @exercise("global_batch", "every rank processes its own micro-batch in each step")
@@ -220,41 +220,6 @@ _DDP_UNUSED = "gets no gradient"
 _DDP_CAP_MB = 0.0006        # ~600 bytes: the checker's models (float64) make 3 buckets, the last one not full
 
 
-class _AllReduceSpy:
-    """Sees, without changing them, the calls of ``torch.distributed.all_reduce`` made while it is on: whether
-    each one was started during backward, asynchronously, and when its handle was waited for."""
-
-    def __init__(self):
-        self.in_backward = False
-        self.launched, self.blocking, self.early_waits = [], 0, 0
-
-    def __enter__(self):
-        spy, self.real = self, tdist.all_reduce
-
-        class Handle:
-            def __init__(self, work):
-                self._work = work
-
-            def wait(self, *a, **k):
-                spy.early_waits += spy.in_backward
-                return self._work.wait(*a, **k)
-
-            def __getattr__(self, name):
-                return getattr(self._work, name)
-
-        def all_reduce(tensor, *a, async_op=False, **k):
-            spy.launched.append(spy.in_backward)
-            spy.blocking += spy.in_backward and not async_op
-            work = spy.real(tensor, *a, async_op=async_op, **k)
-            return Handle(work) if async_op else work
-
-        tdist.all_reduce = all_reduce
-        return self
-
-    def __exit__(self, *exc):
-        tdist.all_reduce = self.real
-
-
 def _ddp_mlp(seed, device):
     torch.manual_seed(seed)
     L = torch.nn.Linear
@@ -292,10 +257,10 @@ def _ddp_train(make_model, fn, X, y, steps, global_batch, r, n, seed, spy=None):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(net(X[mine]), y[mine])
         if spy is not None:
-            spy.in_backward = True
+            spy.watching = True
         loss.backward()
         if spy is not None:
-            spy.in_backward = False
+            spy.watching = False
         if fn is not None:
             net.finish_gradient_synchronization()
         if step == 0:
@@ -340,7 +305,7 @@ def check_my_ddp(fn, **_):
     seed0 = dist.seed_for_rank(7, 0)
     serial = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, steps, gb, 0, 1, seed0)
     local = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, 1, gb, r, n, seed0)   # this rank's share, alone
-    with _AllReduceSpy() as spy:
+    with AllReduceSpy() as spy:
         start, grads0, final = _ddp_train(lambda s: _ddp_mlp(s, dev), fn, X, y, steps, gb, r, n,
                                           dist.seed_for_rank(7, r), spy)
     if not (_agree_across_ranks(start) and all(_same(a, b) for a, b in zip(start, serial[0]))):
@@ -366,7 +331,7 @@ def check_my_ddp(fn, **_):
         return Verdict(False, f"the first step is right, but after {steps} steps the parameters differ from the "
                               "serial ones: reset the per-bucket counts and the pending handles in "
                               "finish_gradient_synchronization, ready for the next backward")
-    if spy.launched and (spy.early_waits or spy.blocking):
+    if spy.launched and (spy.waits or spy.blocking):
         return Verdict(False, f"your hook {_DDP_EARLY} (or starts it with async_op=False): start it with "
                               "async_op=True, keep the handle and wait in finish_gradient_synchronization, so that "
                               "communication overlaps the rest of backward")

@@ -4,7 +4,7 @@ import types
 import torch
 import torch.distributed as tdist
 
-from ddlcourse.selfcheck import Verdict, agreed, code_exercise
+from ddlcourse.selfcheck import AllReduceSpy, Verdict, agreed, code_exercise
 
 
 # --------------------------------------------------------------------------- build it: a compressing DDP hook
@@ -63,42 +63,6 @@ _H_BYTES = "bytes of the float32 bucket"
 _H_THRESHOLD = "min_bytes"
 
 
-class _AllReduceSpy:
-    """Sees, without changing them, the calls of ``torch.distributed.all_reduce`` made inside the hook: the dtype
-    and bytes of each message, whether it was asynchronous, and whether its handle was waited for in the hook."""
-
-    def __init__(self):
-        self.in_hook = False
-        self.sent, self.blocking, self.waits = [], 0, 0
-
-    def __enter__(self):
-        spy, self.real = self, tdist.all_reduce
-
-        class Handle:
-            def __init__(self, work):
-                self._work = work
-
-            def wait(self, *a, **k):
-                spy.waits += spy.in_hook
-                return self._work.wait(*a, **k)
-
-            def __getattr__(self, name):
-                return getattr(self._work, name)
-
-        def all_reduce(tensor, *a, async_op=False, **k):
-            if spy.in_hook:
-                spy.sent.append((tensor.dtype, tensor.numel() * tensor.element_size()))
-                spy.blocking += not async_op
-            work = spy.real(tensor, *a, async_op=async_op, **k)
-            return Handle(work) if async_op else work
-
-        tdist.all_reduce = all_reduce
-        return self
-
-    def __exit__(self, *exc):
-        tdist.all_reduce = self.real
-
-
 _BUCKET_CAP_MB = 1024 / 2 ** 20       # 1 KiB: once DDP rebuilds its buckets, the last layer's make a small one
 
 
@@ -122,12 +86,12 @@ def _hook_grads(fn, min_bytes, X, y, r, n, device, spy=None):
             buf = bucket.buffer()
             seen.append((buf.numel() * buf.element_size(), buf.numel()))
             if spy is not None:
-                spy.in_hook = True
+                spy.watching = True
             try:
                 return fn(st, bucket)
             finally:
                 if spy is not None:
-                    spy.in_hook = False
+                    spy.watching = False
         ddp.register_comm_hook(state, watched)
     grads = []
     for step in range(2):
@@ -156,7 +120,7 @@ def _close(a, b, scale, tol):
 
 def _verdict_one(fn, min_bytes, X, y, r, n, device, ref, local) -> Verdict:
     """One run of the learner's hook with ``state.min_bytes = min_bytes``, judged on this rank."""
-    with _AllReduceSpy() as spy:
+    with AllReduceSpy() as spy:
         grads, state, seen = _hook_grads(fn, min_bytes, X, y, r, n, device, spy)
     where = f"with state.min_bytes = {min_bytes}"
     for step, (got, want, own) in enumerate(zip(grads, ref, local)):
