@@ -59,7 +59,7 @@ def test_serial_block_measured_by_the_same_code():
     x = torch.randn(2, cfg.seq_len, cfg.dim, requires_grad=True)
     with layout.saved_activations(block) as saved:
         block(x, torch.arange(cfg.seq_len))
-    assert sequence.activation_formula(cfg, 2, 1, False) == pytest.approx(saved["bytes"], rel=0.10)
+    assert sequence.activation_formula(cfg, 2, 1, False) == pytest.approx(saved.bytes, rel=0.10)
 
 
 def test_sp_formula_shrinks_only_the_norms():
