@@ -146,8 +146,11 @@ def _gpus_requested() -> str | None:
     return None
 
 
-def pick_device(local: int | None = None):
+def pick_device(local: int | None = None, set_current: bool = True):
     """The GPU matching the local rank when CUDA is available, else the CPU.
+
+    ``set_current``: make that GPU the process's current CUDA device (a rank does, once, in :func:`init`); a
+    notebook's own kernel, which only asks which device a rank would use, does not.
 
     Raises :class:`LaunchError` when the job asked for GPUs but CUDA is unusable here (a CPU build of
     torch, a driver too old), rather than training on the CPU without a word; set
@@ -170,7 +173,8 @@ def pick_device(local: int | None = None):
                 f"--ntasks-per-node={count}), or set DDLCOURSE_SHARE_GPUS=1 to let ranks share GPUs on purpose.")
         else:
             idx = local % count
-        torch.cuda.set_device(idx)
+        if set_current:
+            torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
     why = _gpus_requested()
     if why and os.environ.get("DDLCOURSE_ALLOW_CPU") != "1":

@@ -221,3 +221,15 @@ def test_ranks_that_share_one_gpu_are_refused(monkeypatch):
     assert dist.shared_gpu(seen, 2) is None and dist.shared_gpu([("n0", None)] * 2, 0) is None   # CPU ranks
     monkeypatch.setenv("DDLCOURSE_SHARE_GPUS", "1")
     assert dist.shared_gpu(seen, 1) is None
+
+
+def test_outside_a_run_the_device_is_named_not_set(monkeypatch):
+    """A notebook's kernel asks which device a rank would use (device.rank_device) without changing its own
+    current CUDA device; a rank's init sets it (issue 28)."""
+    import torch
+    from ddlcourse import device
+    _fake_cuda(monkeypatch, 2)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    assert str(device.rank_device()) == "cuda:0" and calls == []
+    assert str(dist.pick_device(1)) == "cuda:1" and calls == [1]
