@@ -438,7 +438,7 @@ def shutdown() -> None:
     gc.collect()
 
     info = _STATE.pop("info", None)
-    for comm, _ in _STATE.pop("subgroups", {}).values():
+    for comm, *_ in _STATE.pop("subgroups", {}).values():
         if comm is not None:
             comm.Free()
     if tdist.is_initialized():
@@ -511,13 +511,35 @@ def subgroup(k: int):
     n = world_size()
     if not 1 <= k <= n:
         raise ValueError(f"subgroup size must be between 1 and the world size {n}, got {k}")
-    cache = _STATE.setdefault("subgroups", {})
+    cache = _STATE.setdefault("subgroups", {})     # k -> (comm, group, whether the torch group was built)
+    r = rank()
     if k not in cache:
-        r = rank()
         comm = _comm().Split(0 if r < k else 1, r)
         if r >= k:
             comm.Free()
             comm = None
-        group = tdist.new_group(ranks=list(range(k))) if tdist.is_initialized() else None
-        cache[k] = (comm, group if r < k else None)
-    return cache[k]
+        cache[k] = (comm, None, False)
+    comm, group, built = cache[k]
+    if not built and tdist.is_initialized():        # the same on every rank: new_group is collective
+        group = tdist.new_group(ranks=list(range(k)))
+        cache[k] = (comm, group if r < k else None, True)
+    return cache[k][:2]
+
+
+def on_first_ranks(k: int, fn, *args, **kwargs):
+    """On every rank of the world: ``fn(*args, **kwargs)`` on the first ``k`` ranks, None on the others.
+
+    ``fn`` gets the first ``k`` ranks as ``group=`` (a ``torch.distributed`` group; ``torch.distributed`` is
+    initialised first), or, when it takes ``comm`` and no ``group``, as ``comm=`` (an mpi4py communicator). Lets
+    a notebook with one N-rank cluster run a scheme on 2, 3, ... N ranks. Collective (:func:`subgroup`): every
+    rank must call it. If ``fn`` raises on some rank, every rank raises (:func:`together`).
+    """
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if "comm" in params and "group" not in params:
+        comm, _ = subgroup(k)
+        return together(fn, args, dict(kwargs, comm=comm), run=comm is not None)
+    init(horovod=False)
+    _, group = subgroup(k)
+    return together(fn, args, dict(kwargs, group=group), run=group is not None)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ddlcourse import collectives, hardware
+from ddlcourse import collectives, dist, hardware
 from ddlcourse.perfmodel import GB, Link, ring_allreduce_time
 
 # What each runtime is, where it runs, who uses it in this course (printed as a table in the notebook).
@@ -58,7 +58,6 @@ def compare_gloo_mpi(sizes_bytes, reps: int = 10, warmup: int = 2, group=None) -
     import torch.distributed as tdist
     from mpi4py import MPI
 
-    from ddlcourse import dist
     from ddlcourse.parallel.mpi_hook import comm_for
 
     dist.init(horovod=False)
@@ -345,11 +344,4 @@ def bandwidths_at(nbytes: int, reps: int = 5, comm=None) -> dict:
 
 
 # --------------------------------------------------------------------------- running on the first k ranks
-def on_first_ranks(k: int, fn, *args, **kwargs):
-    """On every rank of the world: ``fn(*args, comm=<MPI communicator of the first k ranks>, **kwargs)`` on ranks
-    ``< k``, None on the others (``dist.subgroup`` is collective, so every rank must call this). If ``fn``
-    raises on some rank, every rank raises (``dist.together``)."""
-    from ddlcourse import dist
-
-    comm, _ = dist.subgroup(k)
-    return dist.together(fn, args, dict(kwargs, comm=comm), run=comm is not None)
+on_first_ranks = dist.on_first_ranks      # fn(..., comm=<first k ranks>): see dist.on_first_ranks

@@ -233,3 +233,23 @@ def test_outside_a_run_the_device_is_named_not_set(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
     assert str(device.rank_device()) == "cuda:0" and calls == []
     assert str(dist.pick_device(1)) == "cuda:1" and calls == [1]
+
+
+def test_on_first_ranks_gives_a_comm_or_a_group_and_a_comm_first_does_not_hide_the_group(mpi):
+    """One ``dist.on_first_ranks`` (issue 28): ``fn(comm=)`` for MPI code, ``fn(group=)`` otherwise. A subgroup
+    made before torch.distributed started (the MPI path) gets its torch group once it has (it used to stay None,
+    so a later group function silently ran nowhere)."""
+    code = (
+        "from ddlcourse import dist\n"
+        "def mpi_sum(x, comm=None): return comm.allreduce(x)\n"
+        "def torch_sum(x, group=None):\n"
+        "    import torch, torch.distributed as t\n"
+        "    y = torch.tensor([float(x)]); t.all_reduce(y, group=group); return y.item()\n"
+        "a = dist.on_first_ranks(2, mpi_sum, dist.rank() + 1)\n"
+        "b = dist.on_first_ranks(2, torch_sum, dist.rank() + 1)\n"
+        "from mpi4py import MPI\n"
+        "res = MPI.COMM_WORLD.gather((a, b), root=0)\n"
+        "dist.shutdown()\n"
+        "if dist.rank() == 0: print(res)\n"
+    )
+    assert mpi(3, code).stdout.strip().splitlines()[-1] == "[(3, 3.0), (3, 3.0), (None, None)]"

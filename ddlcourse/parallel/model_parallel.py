@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import dist
 from ddlcourse.device import now, rank_device
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
@@ -226,14 +227,4 @@ def compare_with_serial(batch: int = 32, n_layers: int = 8, delay_s: float = 0.0
 
 
 # --------------------------------------------------------------------------- run on the engines of a notebook
-def on_first_ranks(k: int, fn, *args, **kwargs):
-    """On every engine: ``fn(*args, group=<first k ranks>, **kwargs)`` on ranks ``< k``, None on the others.
-
-    Lets a notebook with one N-rank cluster run a scheme on 2, 3, ... N ranks (``dist.subgroup`` is collective,
-    so every rank must call this). If ``fn`` raises on some rank, every rank raises (``dist.together``).
-    """
-    from ddlcourse import dist
-
-    dist.init(horovod=False)
-    _, group = dist.subgroup(k)
-    return dist.together(fn, args, dict(kwargs, group=group), run=group is not None)
+on_first_ranks = dist.on_first_ranks      # the notebooks' name for it (``mp.on_first_ranks``)
