@@ -5,7 +5,9 @@ garbled PMI-2 requests ("mpi/pmi2: value not properly terminated in client reque
 ("failed to unpack address") or the ranks waited forever on the PMI fence. The cause: every fresh test
 cluster numbered its jobs from 1, MPICH names its shared-memory segment after the PMI kvsname
 ("<job>.<step>"), and a killed job of an earlier cluster had left that segment in /dev/shm; the new job
-attached to the stale data. env/slurm/local_slurm.sh now starts each cluster at a random FirstJobId.
+attached to the stale data. env/slurm/local_slurm.sh now starts each cluster at a random FirstJobId. On the
+two-node cluster the same signs came from the two "nodes" sharing the machine's /dev/shm (a job step's ranks on
+both nodes attached to one segment); env/multinode/two_nodes.sh now gives each node command its own /dev/shm.
 The check below stays as a guard: a launch that still shows those signs is retried once and the retry is
 printed, and a job that hangs after them is cancelled after a grace period instead of at its time limit.
 """

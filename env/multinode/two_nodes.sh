@@ -49,10 +49,15 @@ node_prefix() {  # NODE_PREFIX=(the command line that runs a command on node 1|2
   case "$i" in 1|2) ;; *) echo "node must be 1 or 2, got '$i'" >&2; return 2 ;; esac
   ns=$(ns_of "$i")
   [ -n "$ns" ] && [ -e "/run/netns/$ns" ] || { echo "node $i is not up (no namespace recorded in $DIR)" >&2; return 3; }
-  # the node's network; its own hostname (UTS) and /etc/hosts (mount namespace); exec all the way down,
-  # so the command keeps the PID of the caller's child and can be signalled by it
+  # the node's network; its own hostname (UTS), /etc/hosts and /dev/shm (mount namespace); exec all the way
+  # down, so the command keeps the PID of the caller's child and can be signalled by it. A private /dev/shm
+  # per command, as each real node has its own: MPICH names its shared-memory segment after the job step, so
+  # two "nodes" sharing the machine's /dev/shm attached the ranks of both nodes to one segment and MPI_Init
+  # failed ("failed to unpack address", garbled PMI-2 requests). Jobs inherit slurmd's, so the ranks of one
+  # node share theirs, and only they.
   NODE_PREFIX=(nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation slave --
-               sh -c 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
+               sh -c 'mount --bind "$1" /etc/hosts && mount -t tmpfs -o mode=1777 ddlshm /dev/shm &&
+                      hostname "$0" && shift && exec "$@"'
                "${NAMES[$((i - 1))]}" "$DIR/hosts")
 }
 
