@@ -238,6 +238,23 @@ def _smoke_case() -> list[str]:
 
 
 @pytest.mark.slow
+def test_long_pmi1_requests_are_cut(slurm):
+    """The cause of the rare PMI start-up failures that tests/slurm_jobs.py retries: Slurm's pmi2 plugin reads a
+    PMI-1 request with one read() of 1024 bytes, so a longer put is cut and the value read back is not the one
+    put; a PMI-2 request, framed by its length, carries the same value whole."""
+    env = _slurm_env(slurm)
+
+    def probe(version: int, length: int) -> str:
+        p = subprocess.run(["srun", "--mpi=pmi2", "-n", "1", sys.executable, str(ROOT / "tests" / "pmi_probe.py"),
+                            str(version), str(length)], capture_output=True, text=True, env=env, timeout=120)
+        return p.stdout.strip()
+
+    assert probe(1, 900) == "ok"                       # a short PMI-1 line: fine
+    assert probe(1, 2000) != "ok"                      # a long one is cut: the value read back is not the one put
+    assert probe(2, 2000) == "ok"                      # PMI-2 carries it whole
+
+
+@pytest.mark.slow
 def test_lab_batch_job_on_two_tasks(slurm, tmp_path):
     env = _slurm_env(slurm, DDLCOURSE_RESULTS=str(tmp_path / "results"))
     args = _smoke_case()
