@@ -5,29 +5,30 @@
                                allreduce three ways, and with CPU and CUDA tensors; --ids: where each rank
                                runs (run it under: mpiexec -n 2 python -m ddlcourse check)
   clusters list|stop-all       course clusters recorded as running; stop them all
-  run CASE [--scale S] [--backend ddp|horovod] [...]
-                               train a case study (run under mpiexec -n N or srun)
+  run CASE [--scale S] [--backend B] [--fresh] [key=value ...]
+                               train a case study (run under mpiexec -n N or srun); run CASE --help
+                               lists its settings with their values at --scale
   plan [--scale S]             memory budget of every notebook and lab at a scale profile (per GPU and
                                per node); exit status 1 when something does not fit
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from ddlcourse import checks, cluster, dist, plan, versions
+from ddlcourse.training import cli as run_cli
 
 
 def _cmd_info(args) -> int:
-    from ddlcourse import versions
     for k, v in versions().items():
         print(f"{k:<12} {v if v is not None else 'MISSING'}")
     return 0
 
 
 def _cmd_check(args) -> int:
-    from mpi4py import MPI
+    from mpi4py import MPI      # lazy: importing it starts MPI, which only this command needs
 
-    from ddlcourse import checks, dist
     comm = MPI.COMM_WORLD
     if args.expect_ranks is not None and comm.Get_size() != args.expect_ranks and not args.ids:
         if comm.Get_rank() == 0:  # singletons: every process is rank 0 of 1, and says so once
@@ -81,7 +82,6 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_clusters(args) -> int:
-    from ddlcourse import cluster
     if args.action == "list":
         rows = cluster.recorded_clusters()
         for f, st in rows:
@@ -97,21 +97,7 @@ def _cmd_clusters(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from ddlcourse import plan
     return plan.main(args.scale)
-
-
-def _cmd_run(args, extra, parser) -> int:
-    from ddlcourse import cases
-    if args.case is None:
-        text = parser.format_help() + f"\ncases: {', '.join(cases.available())}\n"
-        if args.help:
-            print(text, end="")
-            return 0
-        raise ValueError("run: which case? e.g. python -m ddlcourse run seismic --help\n" + text)
-    if args.help:
-        extra = [*extra, "--help"]
-    return cases.main(args.case, extra, scale=args.scale, backend=args.backend)
 
 
 def main(argv=None) -> int:
@@ -129,15 +115,12 @@ def main(argv=None) -> int:
     cl.add_argument("--orphans", action="store_true", help="only clusters whose starting process is gone")
     pl = sub.add_parser("plan", help="memory budget per GPU and per node of every section")
     pl.add_argument("--scale", default="cluster", help="smoke | laptop | cluster (default: cluster)")
-    # run's --help goes to the case, which lists its settings with their values at the chosen scale
-    r = sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
-    r.add_argument("case", nargs="?")
-    r.add_argument("--scale", default=None, help="smoke | laptop | cluster (default: $DDLCOURSE_SCALE or laptop)")
-    r.add_argument("--backend", default="ddp", help="ddp | horovod")
-    r.add_argument("-h", "--help", action="store_true", help="the case's settings and their values at --scale")
-    args, extra = p.parse_known_args(argv)
-    if args.cmd != "run" and extra:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    # listed for the overview only: `run` has its own parser (ddlcourse.training.cli), reached below
+    sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:
+        return run_cli.main(argv[1:])
+    args = p.parse_args(argv)
     try:
         if args.cmd == "info":
             return _cmd_info(args)
@@ -145,9 +128,7 @@ def main(argv=None) -> int:
             return _cmd_check(args)
         if args.cmd == "clusters":
             return _cmd_clusters(args)
-        if args.cmd == "plan":
-            return _cmd_plan(args)
-        return _cmd_run(args, extra, r)
+        return _cmd_plan(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, not a traceback
         print(f"python -m ddlcourse: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ One training loop, :func:`train_loop`, used two ways:
   (``MPICluster.run`` raises ``ClusterError``), starts a new cluster and calls it again.
 
 Checkpoints are written by rank 0 only (data parallelism: every rank holds the same model and optimizer state),
-atomically (a temporary file, then ``os.replace``), as ``step_<completed steps>.pt``. Batches are a function of
+atomically (a temporary file, then ``os.replace``: the course's one checkpoint write,
+:func:`ddlcourse.training.checkpoint.atomic_save`), as ``step_<completed steps>.pt``. Batches are a function of
 the step number, so a resumed run repeats exactly the steps it lost: their losses are logged twice, once per
 attempt, and must agree.
 
@@ -38,8 +39,11 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddlcourse import dist
 from ddlcourse.device import rank_device
+from ddlcourse.training.checkpoint import atomic_save, load_into
 
 CKPT = re.compile(r"^step_(\d+)\.pt$")
 KILLED_MARKER = "killed-once"
@@ -63,24 +67,19 @@ def resume_step(names) -> int:
 
 def save_checkpoint(directory, step: int, model: nn.Module, optimizer) -> Path:
     """Write ``step_<step>.pt`` atomically: a crash while writing leaves only a ``.tmp`` file behind."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / checkpoint_name(step)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
-    os.replace(tmp, path)
-    return path
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    return atomic_save(state, Path(directory) / checkpoint_name(step))
 
 
 def load_latest(directory, model: nn.Module, optimizer, device=None) -> int:
-    """Load the latest complete checkpoint of ``directory`` into ``model``/``optimizer``; its step (0: none)."""
+    """Load the latest complete checkpoint of ``directory`` into ``model``/``optimizer``; its step (0: none).
+
+    A file that cannot be read or does not fit the model raises ``training.CheckpointError``, naming it."""
     d = Path(directory)
     step = resume_step(os.listdir(d)) if d.is_dir() else 0
     if step == 0:
         return 0
-    state = torch.load(d / checkpoint_name(step), map_location=rank_device(device))
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    state = load_into(d / checkpoint_name(step), model, optimizer, map_location=rank_device(device))
     return int(state["step"])
 
 
@@ -116,8 +115,6 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
     Needs ``torch.distributed`` initialised. Rank 0 appends ``{"attempt", "step", "loss", "time"}`` per step and
     ``{"attempt", "resumed_from"}`` at the start to ``<ckpt_dir>/log.jsonl``. Returns this attempt's summary.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     device = rank_device(device)
     d = Path(ckpt_dir)
     r, n = tdist.get_rank(group), tdist.get_world_size(group)
@@ -162,8 +159,6 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
 
 def run_on_engine(ckpt_dir, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI and run :func:`train_loop`."""
-    from ddlcourse import dist
-
     dist.init(horovod=False)
     return train_loop(ckpt_dir, **kwargs)
 
@@ -343,13 +338,9 @@ def main(argv=None) -> None:
         tdist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def plot_attempts(log: list[dict], every: int, kill_at: int | None = None, ax=None, title: str = ""):
     """Loss per step, one line per attempt; checkpoints as dotted lines, the kill as a red one."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt     # lazy: slow to import, and only a notebook draws
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 2.8))
@@ -367,3 +358,7 @@ def plot_attempts(log: list[dict], every: int, kill_at: int | None = None, ax=No
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     return ax
+
+
+if __name__ == "__main__":
+    main()

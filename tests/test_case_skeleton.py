@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
-import re
 import sys
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -32,7 +31,7 @@ class Demo(training.CaseConfig):
 
 
 def demo(scale="smoke", **kw) -> Demo:
-    return training.make_config(Demo, None, scale, **kw)
+    return Demo.make(scale, **kw)
 
 
 # --------------------------------------------------------------------------- configs and overrides
@@ -54,7 +53,7 @@ def test_config_takes_the_scale_sizes_and_the_run_options():
     (dict(lr="fast"), "lr=fast: expected a number"),
     (dict(global_batch=0), "global_batch=0: must be >= 1"),
     (dict(syncbn="maybe"), "syncbn=maybe: expected true or false"),
-    (dict(backend="mpi"), "unknown backend 'mpi'; choose one of ddp, horovod"),
+    (dict(backend="mpi"), f"unknown backend 'mpi'; choose one of {', '.join(training.BACKENDS)}"),
     (dict(ranks=0), "ranks=0: must be >= 1"),
     (dict(run_name="../x"), "run_name='../x': must be a plain folder name"),
 ])
@@ -93,13 +92,13 @@ def test_replace_validates_too():
 def test_case_configs_refuse_bad_values():
     from ddlcourse.cases import maize, topology
     with pytest.raises(ConfigError, match="seg_epochs=-3: must be >= 1"):
-        maize.make_config("smoke", seg_epochs=-3)
+        maize.Config.make("smoke", seg_epochs=-3)
     with pytest.raises(ConfigError, match="ae_lr=0.0"):
-        maize.make_config("smoke", ae_lr=0)
+        maize.Config.make("smoke", ae_lr=0)
     with pytest.raises(ConfigError, match="epochs=-3: must be >= 0"):
-        topology.make_config("smoke", epochs=-3)
+        topology.Config.make("smoke", epochs=-3)
     with pytest.raises(ConfigError, match="unknown topology setting"):
-        topology.make_config("smoke", resume=False)
+        topology.Config.make("smoke", resume=False)
 
 
 # --------------------------------------------------------------------------- a tiny case on the skeleton
@@ -170,7 +169,7 @@ def test_write_result_on_rank_zero_only(mpi, tmp_path):
 import json, numpy as np, torch
 from ddlcourse import training, dist
 from ddlcourse.cases import topology
-ctx = training.setup(topology.make_config("smoke", run_name="r0"))
+ctx = training.setup(topology.Config.make("smoke", run_name="r0"))
 path = ctx.write_result("demo", {"rank": ctx.rank, "t": torch.tensor([1.5, 2.0]), "a": np.arange(3),
                                  "x": np.float32(0.5), "n": {"k": np.int64(4)}})
 wrote = ctx.comm.gather(path is not None, root=0)
@@ -239,7 +238,7 @@ def counting(*a, **k):
     calls.append(1)
     return real(*a, **k)
 tdist.new_group = counting
-cfg = topology.make_config("smoke")
+cfg = topology.Config.make("smoke")
 a = training.setup(cfg, mesh=(2, 2))
 n_first = len(calls)
 b = training.setup(cfg, mesh=(None, 2))
@@ -254,7 +253,7 @@ tdist.all_reduce(u, group=m.mp_group)              # one replica: ranks 2i and 2
 assert t.item() == 2 * m.mp_rank + 2 and u.item() == 4 * m.dp_rank + 1
 assert m.dp_comm.allreduce(a.rank) == t.item() and m.mp_comm.allreduce(a.rank) == u.item()
 assert a.mean(float(a.rank)) == 1.5 and a.max(a.rank) == 3 and a.sum(a.rank) == 6
-sub = training.setup(topology.make_config("smoke", ranks=2))   # ranks 2 and 3 are not in this run
+sub = training.setup(topology.Config.make("smoke", ranks=2))   # ranks 2 and 3 are not in this run
 assert (sub is None) == (a.rank >= 2)
 if sub is not None:
     share = [sub.batches(10, 4, 0)]
@@ -275,7 +274,7 @@ def test_horovod_runs_on_a_mesh_but_will_not_average_model_parts(mpi):
 import torch
 from ddlcourse import dist, training
 from ddlcourse.cases import topology
-cfg = topology.make_config("smoke", backend="horovod")
+cfg = topology.Config.make("smoke", backend="horovod")
 ctx = training.setup(cfg, mesh=(2, 2))
 assert ctx.mesh.mp == 2 and ctx.backend == "horovod"
 m = torch.nn.Linear(2, 2)
@@ -301,23 +300,25 @@ def test_bad_mesh_is_refused():
 
 
 # --------------------------------------------------------------------------- the command line
-def test_dispatcher_refuses_unknown_case_and_backend():
+def test_dispatcher_refuses_unknown_case_and_backend(capsys):
     with pytest.raises(cases.CaseError, match="unknown case 'wheat'; available cases: .*maize"):
-        cases.main("wheat", [], scale="smoke")
-    with pytest.raises(cases.CaseError, match="unknown backend 'mpi'"):
-        cases.main("maize", [], scale="smoke", backend="mpi")
+        cases.get_case("wheat")
+    assert training.cli.main(["wheat", "--scale", "smoke"]) == 2
+    assert "unknown case 'wheat'; available cases: " in capsys.readouterr().err
+    assert training.cli.main(["maize", "--scale", "smoke", "--backend", "mpi"]) == 2
+    assert "unknown backend 'mpi'" in capsys.readouterr().err
 
 
 def test_case_cli_messages(results, capsys):
     from ddlcourse.cases import topology
-    assert topology.cli(["epochs=-3"], scale="smoke") == 2
+    assert training.case_cli(topology, ["epochs=-3"], scale="smoke") == 2
     assert "topology: error: epochs=-3: must be >= 0" in capsys.readouterr().err
-    assert topology.cli(["epoch=3"], scale="smoke") == 2
+    assert training.case_cli(topology, ["epoch=3"], scale="smoke") == 2
     err = capsys.readouterr().err
     assert "unknown topology setting(s) epoch; known settings:" in err and "global_batch" in err
-    assert topology.cli(["lr=abc"], scale="smoke") == 2
+    assert training.case_cli(topology, ["lr=abc"], scale="smoke") == 2
     assert "lr=abc: expected a number" in capsys.readouterr().err
-    assert topology.cli(["--help"], scale="smoke") == 0
+    assert training.case_cli(topology, ["--help"], scale="smoke") == 0
     assert "global_batch" in capsys.readouterr().out
 
 
@@ -353,16 +354,3 @@ def test_run_comparisons_and_timeline_events():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "head"]
     with pytest.raises(ValueError, match="rank, kind, micro_batch, start, stop"):
         plots_timeline.as_event((0, "F", 1.0))
-
-
-def test_run_help_lists_the_cases_settings_with_their_values(capsys):
-    """``python -m ddlcourse run seismic --help`` reaches the case (argparse's generic help did not)."""
-    from ddlcourse import __main__ as cli
-    from ddlcourse.cases import seismic
-    assert cli.main(["run", "seismic", "--scale", "smoke", "--help"]) == 0
-    out = capsys.readouterr().out
-    epochs = seismic.make_config("smoke").epochs
-    assert re.search(rf"^\s+epochs\s+= {epochs}\s+int$", out, re.M), out
-    assert "key=value" in out and "settings (values at scale smoke)" in out
-    assert cli.main(["run", "--help"]) == 0 and "cases: " in capsys.readouterr().out
-    assert cli.main(["run"]) == 2 and "which case?" in capsys.readouterr().err

@@ -145,21 +145,21 @@ from ddlcourse.cases import driving
 out = {}
 for name, kw in {"serial": dict(ranks=1), "dp2of4": dict(ranks=2), "dp4": dict(), "mp4": dict(mp=4, micro_batches=2),
                  "mesh2x2": dict(mp=2, micro_batches=2), "horovod": dict(backend="horovod")}.items():
-    cfg = driving.make_config("smoke", fresh=True, run_name="t-" + name, epochs=1, **kw)
+    cfg = driving.Config.make("smoke", fresh=True, run_name="t-" + name, epochs=1, **kw)
     r = driving.train(cfg)
     if dist.rank() == 0:
         out[name] = r["history"]
         out[name + "_clips"] = r["train_clips"]
         out[name + "_counts"] = r["class_counts"]
 # resume: 2 epochs in one go == 1 epoch, then resume for the 2nd
-a = driving.train(driving.make_config("smoke", fresh=True, run_name="t-full", epochs=2))
-driving.train(driving.make_config("smoke", fresh=True, run_name="t-half", epochs=1))
-b = driving.train(driving.make_config("smoke", fresh=False, run_name="t-half", epochs=2))
+a = driving.train(driving.Config.make("smoke", fresh=True, run_name="t-full", epochs=2))
+driving.train(driving.Config.make("smoke", fresh=True, run_name="t-half", epochs=1))
+b = driving.train(driving.Config.make("smoke", fresh=False, run_name="t-half", epochs=2))
 # the same with the model split over 2 ranks per replica: every part is saved and restored
 mesh = dict(mp=2, micro_batches=2)
-c = driving.train(driving.make_config("smoke", fresh=True, run_name="t-mfull", epochs=2, **mesh))
-driving.train(driving.make_config("smoke", fresh=True, run_name="t-mhalf", epochs=1, **mesh))
-d = driving.train(driving.make_config("smoke", fresh=False, run_name="t-mhalf", epochs=2, **mesh))
+c = driving.train(driving.Config.make("smoke", fresh=True, run_name="t-mfull", epochs=2, **mesh))
+driving.train(driving.Config.make("smoke", fresh=True, run_name="t-mhalf", epochs=1, **mesh))
+d = driving.train(driving.Config.make("smoke", fresh=False, run_name="t-mhalf", epochs=2, **mesh))
 if dist.rank() == 0:
     out["full"], out["resumed"] = a["history"], b["history"]
     out["mfull"], out["mresumed"] = c["history"], d["history"]
@@ -212,13 +212,13 @@ def test_config_refuses_what_cannot_work():
     from ddlcourse.cases import driving
     from ddlcourse.training import ConfigError
     with pytest.raises(ConfigError, match="uses torch.distributed point-to-point"):
-        driving.make_config("smoke", mp=2, backend="horovod")
+        driving.Config.make("smoke", mp=2, backend="horovod")
     with pytest.raises(ConfigError, match="does not split into 3 micro-batches"):
-        driving.make_config("smoke", micro_batches=3)
+        driving.Config.make("smoke", micro_batches=3)
     with pytest.raises(ConfigError, match="unknown driving setting"):
-        driving.make_config("smoke", colour="red")
+        driving.Config.make("smoke", colour="red")
     with pytest.raises(ConfigError, match="must split into 4 replicas x 4 micro-batches"):
-        driving.check_mesh(driving.make_config("smoke", micro_batches=4), dp=4)
+        driving.check_mesh(driving.Config.make("smoke", micro_batches=4), dp=4)
 
 
 # --------------------------------------------------------------------------- the device
@@ -267,7 +267,7 @@ def test_model_and_every_batch_go_through_ctx_to(tmp_path, monkeypatch):
     from ddlcourse.models.driving import MultiViewNet
     monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path / "results"))
-    cfg = driving.make_config("smoke", n_clips=23, n_val=23, frames=4, size=16, width=2, feat=4, hidden=8, epochs=1,
+    cfg = driving.Config.make("smoke", n_clips=23, n_val=23, frames=4, size=16, width=2, feat=4, hidden=8, epochs=1,
                               global_batch=8, micro_batches=2, measure_memory=True, ranks=1, fresh=True)
     moved_modules, checks, handle = _spy_on_the_device(monkeypatch, MultiViewNet)
     try:

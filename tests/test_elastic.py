@@ -33,6 +33,33 @@ def test_save_is_atomic_and_load_restores_model_and_optimizer(tmp_path):
     assert elastic.load_latest(tmp_path / "none", m2, o2, device="cpu") == 0
 
 
+def test_a_write_cut_short_leaves_the_last_checkpoint_and_a_bad_file_is_named(tmp_path, monkeypatch):
+    """elastic writes and reads through the course's one checkpoint write and read (training.checkpoint)."""
+    from ddlcourse import training
+    model = elastic.make_model(hidden=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    elastic.save_checkpoint(tmp_path, 4, model, opt)
+    real = torch.save
+
+    def crash(obj, f):                       # the process dies halfway through the write
+        with open(f, "wb") as out:
+            out.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        elastic.save_checkpoint(tmp_path, 8, model, opt)
+    monkeypatch.setattr(torch, "save", real)
+    assert sorted(os.listdir(tmp_path)) == ["step_000004.pt", "step_000008.pt.tmp"]
+    assert elastic.load_latest(tmp_path, model, opt, device="cpu") == 4          # the .tmp is not a checkpoint
+    (tmp_path / "step_000004.pt").write_bytes(b"garbage")
+    with pytest.raises(training.CheckpointError, match="step_000004.pt is unreadable: not a readable checkpoint"):
+        elastic.load_latest(tmp_path, model, opt, device="cpu")
+    elastic.save_checkpoint(tmp_path, 12, elastic.make_model(hidden=16), opt)   # another model's weights
+    with pytest.raises(training.CheckpointError, match="step_000012.pt is unreadable: it does not fit this model"):
+        elastic.load_latest(tmp_path, model, opt, device="cpu")
+
+
 def test_summarize_finds_the_resume_and_the_repeats():
     log = [{"attempt": 0, "resumed_from": 0, "time": 0}] + \
           [{"attempt": 0, "step": s, "loss": 1.0 / s, "time": s} for s in range(1, 10)] + \

@@ -60,7 +60,7 @@ from ddlcourse.exercises.nb05_data_parallel import MyDDP
 from ddlcourse import dist
 out = {}
 for name, over, ddp in [("one", dict(backend="ddp", ranks=1), None), ("mine", dict(backend="ddp"), MyDDP)]:
-    r = maize.train(maize.make_config("smoke", fresh=True, run_name="t-" + name, eval=False, seg_epochs=1,
+    r = maize.train(maize.Config.make("smoke", fresh=True, run_name="t-" + name, eval=False, seg_epochs=1,
                                       ae_epochs=1, **over), ddp=ddp)
     if r is not None: out[name] = [r["loss"], r["ae_loss"]]
 if dist.rank() == 0: print("JSON" + json.dumps(out))

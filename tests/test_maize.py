@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddlcourse import metrics
+from ddlcourse import metrics, training
 from ddlcourse.cases import maize as case
 from ddlcourse.data import maize as data
 from ddlcourse.data.cache import DataError
@@ -134,7 +134,7 @@ from ddlcourse import dist
 out = {}
 for name, over in [("ddp1", dict(backend="ddp", ranks=1)), ("ddp2", dict(backend="ddp", ranks=2)),
                    ("hvd2", dict(backend="horovod"))]:
-    r = maize.train(maize.make_config("smoke", fresh=True, run_name="t-" + name, eval=False, seg_epochs=1,
+    r = maize.train(maize.Config.make("smoke", fresh=True, run_name="t-" + name, eval=False, seg_epochs=1,
                                       ae_epochs=1, **over))
     if r is not None: out[name] = [r["loss"], r["ae_loss"]]
 if dist.rank() == 0: print("JSON" + json.dumps(out))
@@ -150,10 +150,10 @@ if dist.rank() == 0: print("JSON" + json.dumps(out))
 def test_resume_continues_exactly(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path))
     kw = dict(backend="ddp", eval=False, stages="seg")
-    full = case.train(case.make_config("smoke", run_name="full", fresh=True, seg_epochs=2, **kw))
-    case.train(case.make_config("smoke", run_name="half", fresh=True, seg_epochs=1, **kw))
+    full = case.train(case.Config.make("smoke", run_name="full", fresh=True, seg_epochs=2, **kw))
+    case.train(case.Config.make("smoke", run_name="half", fresh=True, seg_epochs=1, **kw))
     capsys.readouterr()
-    resumed = case.train(case.make_config("smoke", run_name="half", seg_epochs=2, **kw))
+    resumed = case.train(case.Config.make("smoke", run_name="half", seg_epochs=2, **kw))
     assert "resuming maize/segmentation from epoch 1 of 2" in capsys.readouterr().out
     assert len(resumed["loss"]) == len(full["loss"])
     assert np.allclose(resumed["loss"], full["loss"], rtol=0, atol=1e-7)
@@ -163,21 +163,21 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, capsys):
 
 def test_cli_bad_input(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path))
-    assert case.cli(["seg_epochs=-1"], scale="smoke") == 2
+    assert training.case_cli(case, ["seg_epochs=-1"], scale="smoke") == 2
     assert "seg_epochs=-1: must be >= 1" in capsys.readouterr().err
-    assert case.cli(["stages=detect"], scale="smoke") == 2
+    assert training.case_cli(case, ["stages=detect"], scale="smoke") == 2
     assert "unknown stage" in capsys.readouterr().err
-    assert case.cli(["--seg-epochs", "3"], scale="smoke") == 2
+    assert training.case_cli(case, ["--seg-epochs", "3"], scale="smoke") == 2
     assert "key=value" in capsys.readouterr().err
     ck = tmp_path / "maize" / "ckpt" / "broken" / "segmentation"
     ck.mkdir(parents=True)
     (ck / "epoch-0001.pt").write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning):
-        assert case.cli(["run_name=broken", "stages=seg", "backend=ddp"], scale="smoke") == 2
+        assert training.case_cli(case, ["run_name=broken", "stages=seg", "backend=ddp"], scale="smoke") == 2
     err = capsys.readouterr().err
     assert "no readable checkpoint" in err and "epoch-0001.pt" in err and "--fresh" in err
     assert "weights_only" not in err
     with pytest.raises(ValueError, match="unknown maize setting"):
-        case.make_config("smoke", epochs=3)
+        case.Config.make("smoke", epochs=3)
     with pytest.raises(ValueError, match="unknown backend"):
-        case.make_config("smoke", backend="mpi")
+        case.Config.make("smoke", backend="mpi")

@@ -133,20 +133,21 @@ def test_activation_memory_meta_equals_real_and_grows_with_voxels():
 
 # --------------------------------------------------------------------------- the case: options and CLI
 def test_cli_bad_input_exits_2(capsys):
+    from ddlcourse import training
     from ddlcourse.cases import seismic
-    assert seismic.cli(["model=4d"], scale="smoke") == 2
+    assert training.case_cli(seismic, ["model=4d"], scale="smoke") == 2
     assert "unknown model" in capsys.readouterr().err
-    assert seismic.cli(["spatial=3", "ranks=2"], scale="smoke") == 2
-    assert seismic.cli(["cube=64,16,16"], scale="smoke") == 2      # past the memory budget
+    assert training.case_cli(seismic, ["spatial=3", "ranks=2"], scale="smoke") == 2
+    assert training.case_cli(seismic, ["cube=64,16,16"], scale="smoke") == 2      # past the memory budget
     assert "budget" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown seismic setting"):
-        seismic.make_config("smoke", colour="red")
+        seismic.Config.make("smoke", colour="red")
 
 
 def test_spatial_split_needs_less_memory_per_rank():
     from ddlcourse.cases import seismic
-    cfg = seismic.make_config("smoke")
-    big = seismic.make_config("smoke", cube=cfg.spatial_cube)
+    cfg = seismic.Config.make("smoke")
+    big = seismic.Config.make("smoke", cube=cfg.spatial_cube)
     one = seismic.predicted_activation_mb(big, spatial=1)
     two = seismic.predicted_activation_mb(big, spatial=2)
     assert one > cfg.memory_budget_mb >= two
@@ -162,7 +163,7 @@ small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_vo
              n_test=2, global_batch=4, width=2, levels=2, epochs=2, lr=1e-2, memory_budget_mb=0, fresh=True)
 out = {}
 def run(name, **kw):
-    r = seismic.train(seismic.make_config("smoke", **{**small, **kw, "run_name": name}))
+    r = seismic.train(seismic.Config.make("smoke", **{**small, **kw, "run_name": name}))
     if MPI.COMM_WORLD.rank == 0:
         out[name] = r["history"], r["scores"]["pixel_acc"], r["activation_mb"], r["predicted_activation_mb"]
 run("one", ranks=1)
@@ -179,7 +180,7 @@ if MPI.COMM_WORLD.rank == 0:
     (d / "epoch-0001.pt").write_bytes(b"not a checkpoint")
 MPI.COMM_WORLD.Barrier()
 import warnings; warnings.simplefilter("ignore")
-rc = seismic.cli(["run_name=bad", "epochs=2", "memory_budget_mb=0"], scale="smoke")
+rc = training.case_cli(seismic, ["run_name=bad", "epochs=2", "memory_budget_mb=0"], scale="smoke")
 if MPI.COMM_WORLD.rank == 0:
     out["rc_bad_ckpt"] = rc
     print("RESULT" + json.dumps(out))
@@ -243,7 +244,7 @@ def test_model_and_every_cube_go_through_ctx_to(tmp_path, monkeypatch):
     for model in ("3d", "2d"):
         moved_modules, checks, handle = _spy_on_the_device(monkeypatch, models.UNet)
         try:
-            r = seismic.train(seismic.make_config("smoke", model=model, run_name="dev-" + model, **small))
+            r = seismic.train(seismic.Config.make("smoke", model=model, run_name="dev-" + model, **small))
         finally:
             handle.remove()
         assert "UNet" in moved_modules and r["device"] == "cpu"

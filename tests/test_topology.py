@@ -145,16 +145,16 @@ def test_compliance_ratio_of_simp_design_is_one(tiny):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="unknown topology setting"):
-        case.make_config("smoke", batch=3)
+        case.Config.make("smoke", batch=3)
     with pytest.raises(ValueError, match="unknown scale"):
-        case.make_config("huge")
+        case.Config.make("huge")
     with pytest.raises(ValueError, match="unknown optimizer"):
-        case.make_config("smoke", optimizer="adamw2")
+        case.Config.make("smoke", optimizer="adamw2")
     with pytest.raises(ValueError, match="divisible by 2"):
-        case.make_config("smoke", ny=10)
-    assert case.make_config("smoke", epochs=0).epochs == 0        # evaluate only (zero-shot transfer)
+        case.Config.make("smoke", ny=10)
+    assert case.Config.make("smoke", epochs=0).epochs == 0        # evaluate only (zero-shot transfer)
     with pytest.raises(ValueError, match="epochs=-3"):
-        case.make_config("smoke", epochs=-3)
+        case.Config.make("smoke", epochs=-3)
 
 
 # --------------------------------------------------------------------------- train on 1 and 2 ranks
@@ -164,7 +164,7 @@ from ddlcourse.cases import topology as case
 from ddlcourse import dist
 out = {{}}
 for name, epochs, resume, backend in {runs!r}:
-    cfg = case.make_config("smoke", ny=8, nx=16, n_train=16, n_val=4, chunk_size=2, maxloop=6, width=4, depth=2,
+    cfg = case.Config.make("smoke", ny=8, nx=16, n_train=16, n_val=4, chunk_size=2, maxloop=6, width=4, depth=2,
                            global_batch=8, epochs=epochs, run_name=name, fresh=not resume, backend=backend)
     res = case.train(cfg)
     out[f"{{name}}{{epochs}}"] = dict(history=res["history"], metrics=res["metrics"], steps=res["steps"])

@@ -1,16 +1,15 @@
-"""Case studies: each module ``ddlcourse.cases.<case>`` provides ``train(cfg) -> result``.
+"""Case studies: each module ``ddlcourse.cases.<case>`` provides its ``Config`` and ``train(cfg) -> result``.
 
-``python -m ddlcourse run CASE [--scale S] [--backend ddp|horovod] [--fresh] [key=value ...]`` dispatches
-here. A case is any module of this package that defines ``train`` and ``cli``; its name is the module name
-(``maize``, ``seismic``, ``topology``, ``driving``). A case built on the shared skeleton
-(:mod:`ddlcourse.training`) has ``cli = training.case_cli`` on itself, so every case takes the same options.
+A case is any module of this package whose name does not start with ``_`` (``maize``, ``seismic``, ``topology``,
+``driving``). It keeps only its science; its config is made with ``<case>.Config.make(scale, **overrides)``
+and its command line is the course's one, :mod:`ddlcourse.training.cli`::
+
+    python -m ddlcourse run CASE [--scale S] [--backend B] [--fresh] [key=value ...]
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
-
-from ddlcourse.training import BACKENDS
 
 
 def available() -> list[str]:
@@ -18,25 +17,12 @@ def available() -> list[str]:
 
 
 class CaseError(ValueError):
-    """Unknown case, backend or bad configuration."""
+    """A case that does not exist."""
 
 
 def get_case(name: str):
+    """The module of case ``name``; a :class:`CaseError` that lists the cases if there is none."""
     if name not in available():
         known = ", ".join(available()) or "(none yet)"
         raise CaseError(f"unknown case {name!r}; available cases: {known}")
     return importlib.import_module(f"{__name__}.{name}")
-
-
-def main(name: str, argv: list[str], scale: str | None = None, backend: str | None = "ddp") -> int:
-    """Command-line entry of ``python -m ddlcourse run``: check case, scale and backend, then run the case's CLI."""
-    from ddlcourse import config
-    mod = get_case(name)
-    if backend is not None and backend not in BACKENDS:
-        raise CaseError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    config.get_scale(scale)  # validates
-    try:
-        return mod.cli(argv, scale=scale, backend=backend)
-    finally:
-        from ddlcourse import dist
-        dist.shutdown()      # destroy the process group (and Horovod) before the interpreter exits

@@ -13,7 +13,6 @@ the clips it trains on, never the whole training set.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from ddlcourse import metrics, plots_timeline, sharding, training
 from ddlcourse.data import driving as data
+from ddlcourse.memory import SavedTensors
 from ddlcourse.models.driving import MultiViewNet
 from ddlcourse.parallel.branches import BranchParallel
 from ddlcourse.parallel.data_parallel import unwrap
@@ -71,11 +71,6 @@ class Config(training.CaseConfig):
                                        f"{self.micro_batches} micro-batches")
         if self.n_clips < self.global_batch:
             raise training.ConfigError(f"n_clips={self.n_clips} is less than one global batch ({self.global_batch})")
-
-
-def make_config(scale: str | None = None, **overrides) -> Config:
-    """The lab's config: the ``lab_driving`` sizes at ``scale`` plus validated run options."""
-    return training.make_config(Config, Config.SECTION, scale, **overrides)
 
 
 def check_mesh(cfg: Config, dp: int) -> None:
@@ -260,7 +255,6 @@ def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict
 
 def _memory_per_rank(cfg, model, xb, yb, loss_fn, ctx) -> list[dict]:
     """Parameter bytes and bytes saved for backward on each rank, for one local batch."""
-    from ddlcourse.memory import SavedTensors
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     meter = SavedTensors(skip=model.parameters())
     with meter:
@@ -328,11 +322,6 @@ def summary(res: dict) -> dict:
     """What the command line prints (rank 0)."""
     return {k: res[k] for k in ("ranks", "dp", "mp", "device", "macro_f1", "balanced_acc", "baseline", "seconds",
                                 "samples")}
-
-
-def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
-    """``python -m ddlcourse run driving [--fresh] [key=value ...]`` (``-h`` lists the settings)."""
-    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- pictures

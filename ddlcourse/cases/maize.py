@@ -23,7 +23,6 @@ Command line (horovod is this lab's default in notebooks; the course CLI's ``--b
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,6 +33,8 @@ from ddlcourse import integrity, metrics, training
 from ddlcourse.data import maize as data
 from ddlcourse.metrics import InstanceStats
 from ddlcourse.models.maize import CropAutoencoder, UNet, group_instances, seg_loss
+from ddlcourse.parallel.data_parallel import unwrap
+from ddlcourse.parallel.syncbn import convert_sync_batchnorm
 
 CASE = "maize"
 STAGES = ("seg", "ae")
@@ -86,16 +87,6 @@ class Config(training.CaseConfig):
     @property
     def stage_list(self) -> list[str]:
         return self.stages.split(",")
-
-
-def make_config(scale: str | None = None, **overrides) -> Config:
-    """The run settings: the ``lab_maize`` sizes at ``scale`` plus this lab's run options, then ``overrides``."""
-    return training.make_config(Config, Config.SECTION, scale, **overrides)
-
-
-def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
-    """``python -m ddlcourse run maize [--fresh] [key=value ...]`` (see :func:`ddlcourse.training.case_cli`)."""
-    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # =========================================================================== data
@@ -210,7 +201,6 @@ def _finish(model) -> None:
 def train_segmentation(cfg: Config, ctx, tr, bar, ddp=None) -> tuple[torch.nn.Module, dict]:
     model = UNet(cfg.width, cfg.depth)
     if cfg.syncbn and ctx.world_size > 1:
-        from ddlcourse.parallel.syncbn import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, group=ctx.group)           # NEW: statistics of the global batch
     model = ctx.to(model)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -266,7 +256,6 @@ def train_autoencoder(cfg: Config, ctx, tr, bar, ddp=None) -> tuple[torch.nn.Mod
 
 
 def _unwrap(model):
-    from ddlcourse.parallel.data_parallel import unwrap
     model = unwrap(model)
     return model.module if hasattr(model, "finish_gradient_synchronization") else model
 

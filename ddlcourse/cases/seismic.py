@@ -28,7 +28,6 @@ batch is the same for any number of ranks, and the loss trajectory too.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -39,6 +38,8 @@ import torch.nn.functional as F
 from ddlcourse import dist, memory, metrics, training
 from ddlcourse.data import seismic as data
 from ddlcourse.models import seismic as models
+from ddlcourse.parallel import data_parallel
+from ddlcourse.parallel.spatial import scatter_spatial
 
 CASE = "seismic"
 MODELS = ("2d", "3d")
@@ -97,11 +98,6 @@ class Config(training.CaseConfig):
         if self.cube[0] % (s * f) or any(c % f for c in self.cube[1:]):
             raise training.ConfigError(f"cube {tuple(self.cube)}: depth must be divisible by spatial*2**levels = "
                                        f"{s * f}, x and y by {f}")
-
-
-def make_config(scale: str | None = None, **overrides) -> Config:
-    """The lab's config: the ``lab_seismic`` sizes at ``scale`` plus validated run options."""
-    return training.make_config(Config, Config.SECTION, scale, **overrides)
 
 
 def check_cfg(cfg: Config, world_size: int) -> None:
@@ -164,7 +160,6 @@ def slab(t: torch.Tensor, group, dim: int) -> torch.Tensor:
     """This rank's depth slab of a tensor every rank of the spatial group holds."""
     if group is None:
         return t
-    from ddlcourse.parallel.spatial import scatter_spatial
     return scatter_spatial(t, dim, group)
 
 
@@ -182,13 +177,12 @@ def average_gradients(model, ctx) -> None:
     if ctx.world_size == 1:
         return
     if ctx.backend == "horovod":
-        import horovod.torch as hvd
+        import horovod.torch as hvd     # lazy: Horovod is optional (only this backend needs it)
         for i, p in enumerate(model.parameters()):
             if p.grad is not None:
                 p.grad.copy_(hvd.allreduce(p.grad, op=hvd.Average, name=f"seismic.grad.{i}"))
         return
-    from ddlcourse.parallel.data_parallel import average_gradients as avg
-    avg(model, group=ctx.group)
+    data_parallel.average_gradients(model, group=ctx.group)
 
 
 def load_cubes(cfg: Config, ctx) -> dict:
@@ -308,11 +302,6 @@ def summary(res: dict) -> dict:
     """What the command line prints (rank 0): the scores against the majority class, time and memory."""
     keys = ("model", "spatial", "world_size", "device", "cube", "seconds", "activation_mb")
     return {**{k: res[k] for k in keys}, "scores": res["scores"], "baseline": res["baseline"]}
-
-
-def cli(argv, scale=None, backend: str | None = None) -> int:
-    """``python -m ddlcourse run seismic [--fresh] [model=2d|3d spatial=S epochs=E cube=D,X,Y ...]``."""
-    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- the memory wall, in numbers

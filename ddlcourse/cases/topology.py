@@ -1,6 +1,6 @@
 """Case study: a U-Net surrogate for topology optimisation, trained data-parallel with several optimizers.
 
-    cfg = topology.make_config(scale="smoke", optimizer="lamb", global_batch=16)
+    cfg = topology.Config.make("smoke", optimizer="lamb", global_batch=16)
     result = topology.train(cfg)                                    # on every rank
 
     mpiexec -n 2 python -m ddlcourse run topology --scale smoke --backend ddp [--fresh] [optimizer=lamb epochs=4]
@@ -17,7 +17,6 @@ the compliance of the predicted design, re-solved by finite elements, over the c
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,10 +24,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddlcourse import config, metrics, training
+from ddlcourse import metrics, training
 from ddlcourse.data import topology as data
 from ddlcourse.models.topology import UNet, n_parameters
-from ddlcourse.optim import OPTIMIZERS
+from ddlcourse.optim import OPTIMIZERS, make_optimizer, scaled_lr, with_warmup
 from ddlcourse.physics import simp
 
 CASE = "topology"
@@ -84,6 +83,11 @@ class Config(training.CaseConfig):
             raise training.ConfigError(f"global_batch {self.global_batch} is larger than the training set "
                                        f"(n_train={self.n_train})")
 
+    @classmethod
+    def scale_defaults(cls, sizes) -> dict:
+        """``base_batch`` (of the learning-rate scaling rule) defaults to the scale's global batch."""
+        return {**super().scale_defaults(sizes), "base_batch": sizes.global_batch}
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.ny * self.resolution, self.nx * self.resolution)
@@ -95,23 +99,6 @@ class Config(training.CaseConfig):
         seed = self.train_seed if split == "train" else self.val_seed
         return data.make_settings(self.shape, n, seed=seed, chunk_size=self.chunk_size, maxloop=self.maxloop,
                                   base_nx=self.nx)
-
-
-def make_config(scale: str | None = None, **overrides) -> Config:
-    """The config at a scale profile (section ``topology`` of :mod:`ddlcourse.config`), with overrides.
-
-    ``base_batch`` (of the learning-rate scaling rule) defaults to the scale's global batch.
-    """
-    try:
-        base = config.sizes(Config.SECTION, scale).global_batch
-    except config.ScaleError as e:
-        raise training.ConfigError(str(e)) from None
-    return training.make_config(Config, Config.SECTION, scale, **{"base_batch": base, **overrides})
-
-
-def cli(argv: list[str], scale: str | None = None, backend: str | None = None) -> int:
-    """``python -m ddlcourse run topology [--fresh] [key=value ...]`` (see :func:`ddlcourse.training.case_cli`)."""
-    return training.case_cli(sys.modules[__name__], argv, scale, backend)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -151,12 +138,10 @@ def _batch(d: dict, idx: np.ndarray, ctx) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _lr(cfg: Config) -> float:
-    from ddlcourse.optim import scaled_lr
     return scaled_lr(cfg.lr, cfg.global_batch, cfg.base_batch, cfg.lr_rule)
 
 
 def _optimizer(name: str, params, lr: float, step_fn=None):
-    from ddlcourse.optim import make_optimizer
     if step_fn is not None:
         if name.lower() != "lamb":
             raise ValueError(f"step_fn is a LAMB step: train it with optimizer='lamb', not {name!r}")
@@ -267,7 +252,6 @@ def train(cfg: Config, progress_file: str | None = None, step_fn=None) -> dict |
         if done == 0:
             raise ValueError(f"init_from={cfg.init_from!r}: that run has no checkpoint; train it first")
     opt = _optimizer(cfg.optimizer, model.parameters(), _lr(cfg), step_fn)
-    from ddlcourse.optim import with_warmup
     sched = with_warmup(opt, cfg.warmup_steps)
     ckpt = ctx.checkpointer(CASE, epochs=cfg.epochs)                  # fresh=True clears it
     start_epoch, extra = ckpt.load(model, opt)
@@ -329,8 +313,8 @@ def predict(cfg: Config, split: str = "val", n: int = 4) -> dict:
     return dict(inputs=d["inputs"][:n], target=d["target"][:n], pred=pred)
 
 
-__all__ = ["Config", "make_config", "train", "evaluate", "predict", "design_stats", "scores",
-           "compliance_ratios", "cli", "summary"]
+__all__ = ["Config", "train", "evaluate", "predict", "design_stats", "scores",
+           "compliance_ratios", "summary"]
 
 
 # --------------------------------------------------------------------------- pictures
