@@ -2,7 +2,8 @@
 
 * :func:`train_2d`: a small MLP trained with tensor parallelism (``parallelize_module``: the first layer
   column-wise, the second row-wise) inside each ``tp`` group and FSDP2 (``fully_shard``) across the ``dp``
-  groups of a 2-D mesh ``init_device_mesh(device.type, (dp, tp))``. It follows :func:`train_serial` run on the
+  groups of a 2-D DeviceMesh ``(dp, tp)`` (from :mod:`ddlcourse.grid`: ``init_device_mesh``'s layout, on the
+  package's cached groups). It follows :func:`train_serial` run on the
   same device: equal to rounding over the first steps, then statistically (AdamW amplifies the rounding of sums
   taken in another order: after 100 steps single weights differ by ~lr, the loss curves and the weights' norm
   only a little).
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import dist, grid
 from ddlcourse.device import rank_device
 
 FIRST_STEPS = 5     # the steps over which a run is compared tightly with another (then statistically)
@@ -102,13 +104,13 @@ def shard_range(n_rows: int, n_ranks: int, rank: int) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- FSDP2 + TP on a 2-D mesh
 def mesh_2d(dp: int, group_size: int | None = None, device=None):
-    """The 2-D DeviceMesh ``(dp, tp)`` over all ranks, named ``("dp", "tp")``, on this rank's device type."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+    """The 2-D DeviceMesh ``(dp, tp)`` over the first ``group_size`` ranks (default all), named ``("dp", "tp")``,
+    on this rank's device type: ``init_device_mesh``'s layout, built by :mod:`ddlcourse.grid` (collective over the
+    world; None on ranks outside it)."""
     n = tdist.get_world_size() if group_size is None else group_size
     if dp < 1 or n % dp:
         raise ValueError(f"dp={dp} must divide the {n} ranks")
-    return init_device_mesh(rank_device(device).type, (dp, n // dp), mesh_dim_names=("dp", "tp"))
+    return grid.build(first=n, dp=dp, tp=n // dp).device_mesh(rank_device(device))
 
 
 def train_2d(steps: int, dp: int, dim: int = 16, hidden: int = 64, global_batch: int = 32, lr: float = 1e-2,
@@ -172,7 +174,6 @@ def train_phase(first: int, last: int, load_from: str | None = None, save_to: st
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     device = rank_device(device)
@@ -184,7 +185,7 @@ def train_phase(first: int, last: int, load_from: str | None = None, save_to: st
     save_at = last if save_at is None else save_at
     if save_to is not None and not first <= save_at <= last:
         raise ValueError(f"save_at={save_at} must lie in [{first}, {last}]")
-    mesh = init_device_mesh(device.type, (n,))
+    mesh = grid.build(dp=n).device_mesh(device)          # 1-D: FSDP2 shards over every rank
     model = make_model(dim, hidden, seed=seed, device=device)
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -231,16 +232,12 @@ def train_phase(first: int, last: int, load_from: str | None = None, save_to: st
 
 def train_2d_on_engine(*args, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI, then :func:`train_2d`."""
-    from ddlcourse import dist
-
     dist.init(horovod=False)
     return train_2d(*args, **kwargs)
 
 
 def train_phase_on_engine(*args, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI, then :func:`train_phase`."""
-    from ddlcourse import dist
-
     dist.init(horovod=False)
     return train_phase(*args, **kwargs)
 

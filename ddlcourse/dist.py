@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ddlcourse import grid
+
 SEED_STRIDE = 1000
 _STATE: dict = {}
 
@@ -438,9 +440,7 @@ def shutdown() -> None:
     gc.collect()
 
     info = _STATE.pop("info", None)
-    for comm, *_ in _STATE.pop("subgroups", {}).values():
-        if comm is not None:
-            comm.Free()
+    grid.release()                  # the cached groups and communicators go with the world they were made in
     if tdist.is_initialized():
         tdist.destroy_process_group()
     if info is not None and info.horovod:
@@ -502,28 +502,20 @@ def allreduce_mean(x: float) -> float:
 def subgroup(k: int):
     """The first ``k`` ranks as their own world: ``(mpi_comm, torch_group)``; ``(None, None)`` on other ranks.
 
-    Lets one N-rank cluster run the same experiment on 1, 2, ..., N ranks without restarting.
-    Collective: every rank of COMM_WORLD must call it with the same ``k``. Groups are cached per ``k``.
-    The torch group exists only after :func:`init`.
+    Lets one N-rank cluster run the same experiment on 1, 2, ..., N ranks without restarting. Both come from
+    :mod:`ddlcourse.grid` (a one-axis grid over the first ``k`` ranks), which caches them. Collective: every
+    rank of COMM_WORLD calls it with the same ``k`` (the communicator is made by the first ``k`` ranks, the torch
+    group by all). The torch group exists only after :func:`init` (None before).
     """
     import torch.distributed as tdist
 
     n = world_size()
     if not 1 <= k <= n:
         raise ValueError(f"subgroup size must be between 1 and the world size {n}, got {k}")
-    cache = _STATE.setdefault("subgroups", {})     # k -> (comm, group, whether the torch group was built)
-    r = rank()
-    if k not in cache:
-        comm = _comm().Split(0 if r < k else 1, r)
-        if r >= k:
-            comm.Free()
-            comm = None
-        cache[k] = (comm, None, False)
-    comm, group, built = cache[k]
-    if not built and tdist.is_initialized():        # the same on every rank: new_group is collective
-        group = tdist.new_group(ranks=list(range(k)))
-        cache[k] = (comm, group if r < k else None, True)
-    return cache[k][:2]
+    g = grid.build(first=k, dp=k)
+    comm = g.comm("dp")
+    group = g.group("dp") if tdist.is_initialized() else None
+    return comm, group
 
 
 def on_first_ranks(k: int, fn, *args, **kwargs):

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from ddlcourse import collectives, dist, hardware
+from ddlcourse import collectives, dist, grid, hardware
+from ddlcourse.parallel.mpi_hook import comm_for
 from ddlcourse.perfmodel import GB, Link, ring_allreduce_time
 
 # What each runtime is, where it runs, who uses it in this course (printed as a table in the notebook).
@@ -57,8 +58,6 @@ def compare_gloo_mpi(sizes_bytes, reps: int = 10, warmup: int = 2, group=None) -
     import torch
     import torch.distributed as tdist
     from mpi4py import MPI
-
-    from ddlcourse.parallel.mpi_hook import comm_for
 
     dist.init(horovod=False)
     if group is not None and tdist.get_rank(group) < 0:
@@ -111,30 +110,30 @@ def plot_gloo_mpi(res: dict, fit: dict | None = None):
 def host_comms(comm=None, ranks_per_host: int | None = None):
     """``(local, leaders)``: the ranks of this host, and one leader (local rank 0) per host.
 
-    ``ranks_per_host=None`` splits by real host (``Split_type(COMM_TYPE_SHARED)``: ranks that can share
-    memory); an integer ``k`` pretends ranks ``0..k-1`` are one host, ``k..2k-1`` the next, and so on, so two
-    "hosts" fit on a laptop. ``leaders`` is ``MPI.COMM_NULL`` on ranks that are not leaders. Collective over
-    ``comm``; free both with :func:`free_host_comms`.
+    ``ranks_per_host=None`` groups the ranks by real host (``Split_type(COMM_TYPE_SHARED)``: ranks that can
+    share memory); an integer ``k`` pretends ranks ``0..k-1`` of ``comm`` are one host, ``k..2k-1`` the next, and
+    so on (the last host may have fewer), so two "hosts" fit on a laptop. Each host's ranks and the leaders (the
+    first rank of each host) are rank lines whose communicators :func:`ddlcourse.grid.comm_of` makes once and
+    caches (freed by ``dist.shutdown``). ``leaders`` is ``MPI.COMM_NULL`` on ranks that are not leaders.
+    Collective over ``comm``.
     """
     from mpi4py import MPI
 
     comm = collectives._comm(comm)
-    r = comm.Get_rank()
+    r, n = comm.Get_rank(), comm.Get_size()
     if ranks_per_host is None:
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r)      # only to learn who shares this host
+        host = node.allgather(r)
+        node.Free()
     else:
         if ranks_per_host < 1:
             raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
-        local = comm.Split(r // ranks_per_host, key=r)
-    leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, key=r)
-    return local, leaders
-
-
-def free_host_comms(local, leaders) -> None:
-    from mpi4py import MPI
-    local.Free()
-    if leaders != MPI.COMM_NULL:
-        leaders.Free()
+        host = [q for q in range(n) if q // ranks_per_host == r // ranks_per_host]
+    leaders = sorted(set(comm.allgather(host[0])))
+    world = comm.allgather(MPI.COMM_WORLD.Get_rank())            # the grid numbers ranks as COMM_WORLD does
+    local = grid.comm_of([world[q] for q in host])
+    lead = grid.comm_of([world[q] for q in leaders]) if r in leaders else MPI.COMM_NULL
+    return local, lead
 
 
 def hierarchical_allreduce(buf: np.ndarray, local, leaders) -> np.ndarray:
@@ -169,7 +168,6 @@ def hierarchical_check(ranks_per_host: int | None = None, nelem: int = 1000, see
     err = float(np.abs(np.asarray(mine) - flat).max())
     hosts = comm.allreduce(1 if local.Get_rank() == 0 else 0)
     local_size = local.Get_size()
-    free_host_comms(local, leaders)
     return {"max_diff": comm.allreduce(err, op=MPI.MAX), "hosts": hosts, "ranks_on_my_host": local_size}
 
 
@@ -193,7 +191,6 @@ def time_hierarchical(nbytes: int, ranks_per_host: int | None, reps: int = 10, w
             if i >= warmup:
                 times[way].append(dt)
             buf.fill(1.0)
-    free_host_comms(local, leaders)
     return {w: _median_slowest(t, comm) for w, t in times.items()}
 
 

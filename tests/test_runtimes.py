@@ -59,6 +59,29 @@ def test_hierarchical_equals_flat(mpi, n):
         assert v["busbw"] == pytest.approx(v["algbw"] * f)
 
 
+SUB = r"""
+from mpi4py import MPI
+from ddlcourse import runtimes
+w = MPI.COMM_WORLD
+rev = w.Split(0, -w.rank)                        # the world in reverse: rank 0 of rev is world rank 2
+local, leaders = runtimes.host_comms(rev, 2)     # hosts of rev: [0, 1] and [2], i.e. world [2, 1] and [0]
+got = (local.allgather(w.rank), None if leaders == MPI.COMM_NULL else leaders.allgather(w.rank))
+again = runtimes.host_comms(rev, 2)
+out = w.gather((got, again[0] is local), root=0)
+if w.rank == 0:
+    print(repr(out))
+"""
+
+
+@pytest.mark.mpi
+def test_host_comms_follow_the_ranks_of_the_given_communicator(mpi):
+    """Hosts and leaders are counted in ``comm``'s ranks and order (not the world's), uneven hosts included;
+    the communicators are the grid's cached ones (a second call returns the same)."""
+    out = eval(mpi(3, SUB).stdout.strip().splitlines()[-1])
+    assert [got for got, _ in out] == [([0], [2, 0]), ([2, 1], None), ([2, 1], [2, 0])], out
+    assert all(same for _, same in out), out
+
+
 GLOO = r"""
 from mpi4py import MPI
 from ddlcourse import dist, runtimes
@@ -82,12 +105,11 @@ def test_gloo_and_mpi_measured_side_by_side(mpi):
 EXERCISE = r"""
 from mpi4py import MPI
 from ddlcourse import selfcheck
-from ddlcourse.runtimes import free_host_comms, hierarchical_allreduce, host_comms
+from ddlcourse.runtimes import hierarchical_allreduce, host_comms
 
-def package(buf, comm, ranks_per_host):     # the package's phases on the package's splits
+def package(buf, comm, ranks_per_host):     # the package's phases on the package's communicators (ddlcourse.grid's)
     local, leaders = host_comms(comm, ranks_per_host)
     hierarchical_allreduce(buf, local, leaders)
-    free_host_comms(local, leaders)
     return buf
 
 def mine(buf, comm, ranks_per_host):        # a correct solution written differently: Allreduce inside, then bcast

@@ -576,3 +576,54 @@ def test_only_memory_registers_saved_tensor_hooks():
 def test_the_meter_rule_sees_a_private_meter():
     src = "import torch\nwith torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):\n    pass\n"
     assert saved_tensor_hook_calls(ast.parse(src)) == [2]
+
+
+# --------------------------------------------------------------------------- one builder of process groups
+GROUP_CALLS = {"new_group", "new_subgroups", "init_device_mesh", "from_group", "DeviceMesh", "Split", "Create_group"}
+GROUPS_HOME = "ddlcourse/grid.py"
+GROUPS_ALLOWED = {
+    "ddlcourse/exercises/": "the learners' reference solutions build their own Split by design (the exercise)",
+}
+GROUPS_PENDING = {   # to be switched to ddlcourse.grid (issue 28); remove an entry once its module has no such call
+    "ddlcourse/parallel/mpi_hook.py": "comm_for's Create_group: to become grid.comm_of",
+}
+
+
+def group_calls(tree: ast.AST) -> list[int]:
+    """Lines that make a process group, a DeviceMesh or an MPI communicator: ``x.new_group(...)``,
+    ``init_device_mesh(...)``, ``DeviceMesh.from_group(...)``, ``comm.Split(...)``, ``world.Create_group(...)``...
+    (``Split_type``, which only asks MPI which ranks share a host, is not one of them)."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in GROUP_CALLS:
+                out.append(n.lineno)
+    return sorted(out)
+
+
+def _group_exception(module: str) -> bool:
+    return any(module.startswith(p) for p in (*GROUPS_ALLOWED, *GROUPS_PENDING))
+
+
+def test_process_groups_are_made_only_by_the_grid():
+    """One builder (issue 28): every torch group, DeviceMesh and MPI communicator comes from ``ddlcourse.grid``
+    (``grid.build(...)``, ``group_of``, ``comm_of``, ``device_mesh_of``), which makes each once and caches it."""
+    bad = {m: lines for m in MODULES if m.startswith("ddlcourse/") and m != GROUPS_HOME and not _group_exception(m)
+           and (lines := group_calls(ast.parse((ROOT / m).read_text())))}
+    assert not bad, f"make process groups with ddlcourse.grid (build / group_of / comm_of / device_mesh_of): {bad}"
+
+
+def test_every_group_exception_is_still_needed():
+    for prefix in (*GROUPS_ALLOWED, *GROUPS_PENDING):
+        users = [m for m in MODULES if m.startswith(prefix) and group_calls(ast.parse((ROOT / m).read_text()))]
+        assert users, f"{prefix} makes no process group any more: remove it from the exceptions"
+
+
+def test_the_group_rule_sees_a_private_builder():
+    src = ("import torch.distributed as tdist\nfrom torch.distributed.device_mesh import init_device_mesh\n"
+           "def mesh(dp, tp, comm):\n    rows = [tdist.new_group([i * tp + j for j in range(tp)]) for i in range(dp)]\n"
+           "    m = init_device_mesh('cpu', (dp, tp))\n    local = comm.Split(comm.rank // tp, comm.rank)\n"
+           "    host = comm.Split_type(0)\n    return rows, m, local, host, comm.Get_group()\n")
+    assert group_calls(ast.parse(src)) == [4, 5, 6]

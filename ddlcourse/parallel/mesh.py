@@ -9,8 +9,9 @@
 
 Tensor-parallel groups are neighbours (on a cluster: the same node, fast links), data-parallel groups are
 strided (across nodes, where only one gradient allreduce per step crosses the slow network). This is the
-layout of Megatron-LM's hybrid parallelism and of ``torch.distributed.device_mesh.init_device_mesh``; here it
-is built with ``torch.distributed.new_group`` so that every group is visible.
+layout of Megatron-LM's hybrid parallelism and of a torch ``DeviceMesh``. The groups come from
+:mod:`ddlcourse.grid` (``grid.build(dp=dp, tp=tp)``: one ``torch.distributed.new_group`` per row and per column,
+made once and cached), the package's one builder of process groups.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import dist, grid
 from ddlcourse.device import rank_device
+from ddlcourse.parallel.tensor import ParallelMLP, serial_mlp
 
 
 @dataclass
@@ -34,25 +37,17 @@ class Mesh2D:
 
 
 def build_mesh(dp: int, tp: int) -> Mesh2D:
-    """Create all groups (collective: every rank of the world calls it) and return this rank's place."""
-    n, r = tdist.get_world_size(), tdist.get_rank()
+    """This rank's place and groups (collective: every rank of the world calls it; the groups are cached)."""
+    n = tdist.get_world_size()
     if dp * tp != n:
         raise ValueError(f"dp * tp = {dp} * {tp} must equal the world size {n}")
-    tp_group = dp_group = None
-    for i in range(dp):                                   # every rank must take part in every new_group call
-        g = tdist.new_group(ranks=[i * tp + j for j in range(tp)])
-        if r // tp == i:
-            tp_group = g
-    for j in range(tp):
-        g = tdist.new_group(ranks=[i * tp + j for i in range(dp)])
-        if r % tp == j:
-            dp_group = g
-    return Mesh2D(dp, tp, r // tp, r % tp, dp_group, tp_group)
+    g = grid.build(dp=dp, tp=tp)
+    return Mesh2D(dp, tp, g.coord("dp"), g.coord("tp"), g.group("dp"), g.group("tp"))
 
 
 def layout(dp: int, tp: int) -> list[list[int]]:
     """The grid of global ranks: ``layout(dp, tp)[i][j]`` is the rank with dp rank i and tp rank j."""
-    return [[i * tp + j for j in range(tp)] for i in range(dp)]
+    return grid.layout(dp=dp, tp=tp)
 
 
 def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: int = 16, hidden: int = 32,
@@ -62,9 +57,6 @@ def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: in
     Everything lives on ``device`` (default: this rank's, ``dist.init().device``).
     Returns the largest differences of the loss and of this rank's weight-gradient slices, and its coordinates.
     """
-    from ddlcourse import dist
-    from ddlcourse.parallel.tensor import ParallelMLP, serial_mlp
-
     dist.init(horovod=False)
     device = rank_device(device)
     mesh = build_mesh(dp, tp)

@@ -34,7 +34,11 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
+from ddlcourse import grid
+from ddlcourse import layout as lay_mod
+from ddlcourse.data import tokens
 from ddlcourse.device import rank_device
+from ddlcourse.models import transformer as T
 from ddlcourse.parallel import tensor, traffic
 
 
@@ -70,7 +74,6 @@ def _reduce_scatter_seq(x, group, dim=1):
 
 class _GatherSeq(torch.autograd.Function):
     """SP's f: all-gather the sequence forward; reduce-scatter the gradient backward."""
-
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -83,7 +86,6 @@ class _GatherSeq(torch.autograd.Function):
 
 class _ReduceScatterSeq(torch.autograd.Function):
     """SP's g: reduce-scatter along the sequence forward; all-gather the gradient backward."""
-
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -96,7 +98,6 @@ class _ReduceScatterSeq(torch.autograd.Function):
 
 class _SplitSeq(torch.autograd.Function):
     """Enter a sequence-parallel region from a replicated tensor: keep my slice; backward all-gathers."""
-
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -111,7 +112,6 @@ class _SplitSeq(torch.autograd.Function):
 class _GatherSeqReplicated(torch.autograd.Function):
     """Leave a sequence-parallel region into replicated code (every rank computes the same from the whole
     sequence, so every rank has the whole gradient): all-gather forward, keep my slice backward."""
-
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -182,7 +182,6 @@ class TensorParallelBlock(nn.Module):
     ``sp=True``: it takes and returns this rank's ``s/t`` tokens (``x.chunk(t, dim=1)[rank]``); ``pos`` are
     the positions of the *whole* sequence (attention runs on the gathered sequence).
     """
-
     def __init__(self, block, group=None, sp: bool = False):
         super().__init__()
         t, r = _size_rank(group)
@@ -310,7 +309,6 @@ class TensorParallelTransformer(nn.Module):
     Embeddings, the final norm and the head are replicated (every rank computes them); with ``sp`` the
     residual stream between them is split along the sequence. ``forward(idx) -> logits`` (whole, replicated).
     """
-
     def __init__(self, model, group=None, sp: bool = False):
         super().__init__()
         self.group, self.sp, self.cfg = group, sp, model.cfg
@@ -335,9 +333,7 @@ class TensorParallelTransformer(nn.Module):
 
 # --------------------------------------------------------------------------- the same with DTensor
 def _mesh(group, device):
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh.from_group(group or tdist.group.WORLD, torch.device(device).type)
+    return grid.device_mesh_of(group, torch.device(device).type)
 
 
 def dtensor_block(block, group=None, sp: bool = False, device=None):
@@ -379,8 +375,6 @@ def _inputs(cfg, batch, seed, device):
 def _serial_block(cfg, batch, group, seed, device):
     """``(t, r, cfg, block, pos, x, w)``: this rank's place in ``group``, the config (a small default), a serial
     block seeded by ``seed`` on the rank's device, the positions, an input batch and the weights of a test loss."""
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     t, r = _size_rank(group)
     cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
@@ -420,8 +414,6 @@ def compare_with_serial(cfg=None, batch: int = 2, group=None, seed: int = 0, dev
     (``dtensor``) the DTensor TP and TP + SP blocks; output, input gradient and every parameter gradient
     (max |diff| to serial); the DTensor blocks also against the hand-written ones; and a whole model
     (``n_layers_model`` blocks, sp on) against the serial model."""
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     t, r, cfg, block, pos, x, w = _serial_block(cfg, batch, group, seed, device)
     xs = x.clone().requires_grad_(True)
@@ -474,7 +466,6 @@ def compare_with_serial(cfg=None, batch: int = 2, group=None, seed: int = 0, dev
 
 class _DTensorShards:
     """The parameters of a DTensor-parallelised block under the names :func:`_grad_diffs` uses."""
-
     def __init__(self, mod):
         a, m = mod.attn, mod.mlp
         self.ln1, self.ln2, self.wq, self.wk, self.wv, self.wo, self.fc1 = (mod.ln1, mod.ln2, a.wq, a.wk, a.wv,
@@ -499,9 +490,6 @@ def measure_block(cfg=None, batch: int = 2, sp: bool = False, group=None, seed: 
     """One tensor-parallel block on this rank: the bytes autograd keeps (forward) and the bytes this rank sends
     (forward + backward), to set against :func:`ddlcourse.layout.activation_bytes_per_layer` and
     :func:`ddlcourse.layout.comm_per_step`. ``group=None`` and one rank measure the serial block."""
-    from ddlcourse import layout as lay_mod
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     t, r = _size_rank(group)
     cfg = cfg or T.TransformerConfig(vocab=11, seq_len=64, dim=64, n_heads=4, n_layers=1)
@@ -531,9 +519,6 @@ def train(cfg, steps: int, batch: int, lr: float = 3e-3, sp: bool = True, group=
     With ``serial``, rank 0 of ``group`` also trains the serial reference, ``train_sort``, on its own device
     (the device the ranks train on: a CPU reference against GPU ranks differs by more than the parallelism
     does), returned as ``serial`` (``losses``, ``test_accuracy``; ``None`` on the other ranks)."""
-    from ddlcourse.data import tokens
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     n_symbols, length = cfg.vocab - 1, cfg.seq_len // 2
     model = TensorParallelTransformer(T.build(cfg, seed=seed, device=device), group, sp)
@@ -553,16 +538,12 @@ def train(cfg, steps: int, batch: int, lr: float = 3e-3, sp: bool = True, group=
 
 def _serial_reference(cfg, steps, batch, lr, seed, device) -> dict:
     """``train_sort`` on ``device``: its losses and held-out accuracy (not the model: it stays on the rank)."""
-    from ddlcourse.models import transformer as T
-
     ref = T.train_sort(cfg, steps=steps, batch=batch, lr=lr, seed=seed, device=device)
     return dict(losses=ref["losses"], test_accuracy=ref["test_accuracy"])
 
 
 def activation_formula(cfg, batch: int, t: int, sp: bool) -> float:
     """The layout calculator's bytes per block and rank for this course's model (fp32)."""
-    from ddlcourse import layout as lay_mod
-
     return lay_mod.activation_bytes_per_layer(lay_mod.Model.from_config(cfg),
                                               lay_mod.Layout(tp=t, sp=sp, micro_batch=batch))
 

@@ -29,7 +29,10 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import grid
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
+from ddlcourse.models.small import MLP
 
 MODES = ("ddp", "zero1", "zero2", "fsdp")
 
@@ -81,7 +84,6 @@ def assign_owners(params: list[torch.Tensor], world_size: int) -> list[int]:
 
 class ZeroDataParallel:
     """ZeRO stage 1 or 2 around a model: ``loss.backward(); zdp.step(); zdp.zero_grad()``."""
-
     def __init__(self, model: nn.Module, optim_cls=torch.optim.Adam, stage: int = 1, group=None, **optim_kwargs):
         if stage not in (1, 2):
             raise ValueError(f"ZeroDataParallel implements stages 1 and 2, got {stage}; use fsdp for stage 3")
@@ -209,7 +211,6 @@ def make_model(dim: int = 32, hidden: int = 256, depth: int = 4, n_classes: int 
                device=None) -> nn.Sequential:
     """The MLP of the experiments, initialised on the CPU (the same weights on any device), on ``device``
     (default: this rank's)."""
-    from ddlcourse.models.small import MLP
     torch.manual_seed(seed)
     return MLP(dim, n_classes, hidden=hidden, depth=depth).to(rank_device(device))
 
@@ -224,8 +225,6 @@ def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidd
     before zero_grad))``. ``count_bytes``: also ``sent``, the bytes this rank sent per step in the forward, backward
     and update (mean over the steps after the first; set-up broadcasts and the loss report not counted), by kind.
     """
-    from ddlcourse.data.toy import teacher_classification
-
     serial = mode == "serial"
     if not serial and mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose 'serial' or one of {', '.join(MODES)}")
@@ -244,9 +243,8 @@ def train(mode: str, steps: int = 3, global_batch: int = 32, dim: int = 32, hidd
                 count_ddp(model, group)
         elif mode == "fsdp":
             from torch.distributed.fsdp import fully_shard
-            from torch.distributed.device_mesh import DeviceMesh
 
-            mesh = DeviceMesh.from_group(group or tdist.group.WORLD, device.type)
+            mesh = grid.device_mesh_of(group, device.type)
             for layer in model:
                 if isinstance(layer, nn.Linear):
                     fully_shard(layer, mesh=mesh)

@@ -38,7 +38,11 @@ import torch.distributed as tdist
 from torch import nn
 from torch.nn import functional as F
 
+from ddlcourse import dist, grid
+from ddlcourse.data.toy import shapes
 from ddlcourse.device import rank_device
+from ddlcourse.models.small import SmallCNN
+from ddlcourse.parallel.data_parallel import unwrap, wrap
 
 
 def _group_size(group) -> int:
@@ -48,18 +52,20 @@ def _group_size(group) -> int:
 
 
 ALLREDUCE = "auto"          # "auto": MPI for CPU tensors where it maps onto the group; "torch": always torch
-_MPI_COMMS: dict = {}        # torch group (None: the world) -> the MPI communicator with its ranks, or None
+_MPI_COMMS: dict = {}        # torch group (None: the world) -> the MPI ranks of its communicator, or None: use torch
 
 
 def _mpi_comm(group):
     """The MPI communicator with the ranks of ``group``, or None: use torch.distributed. Decided once per group
-    (the first forward), since it is asked three times per layer and step."""
+    (the first forward), since it is asked three times per layer and step; the communicator itself is
+    :func:`ddlcourse.grid.comm_of`'s (made by the group's ranks, which all reach the first forward, and cached)."""
     if group not in _MPI_COMMS:
-        _MPI_COMMS[group] = _build_mpi_comm(group)
-    return _MPI_COMMS[group]
+        _MPI_COMMS[group] = _mpi_ranks(group)
+    ranks = _MPI_COMMS[group]
+    return None if ranks is None else grid.comm_of(ranks)
 
 
-def _build_mpi_comm(group):
+def _mpi_ranks(group):
     try:
         from mpi4py import MPI
     except ImportError:
@@ -70,13 +76,7 @@ def _build_mpi_comm(group):
     world = MPI.COMM_WORLD
     if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
         return None
-    ranks = tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD)
-    everyone = world.Get_group()
-    members = everyone.Incl(list(ranks))
-    comm = world.Create_group(members)   # collective over the group's ranks only: they all reach the first forward
-    members.Free()
-    everyone.Free()
-    return comm
+    return tuple(tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD))
 
 
 def _allreduce_(t: torch.Tensor, group) -> torch.Tensor:
@@ -127,7 +127,6 @@ def global_batch_stats(x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch
 
 class SyncBatchNormFunction(torch.autograd.Function):
     """Batch norm over the global batch of a process group, with a hand-written backward."""
-
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, group):
         mean, var, count = global_batch_stats(x, group)
@@ -169,7 +168,6 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     Accepts any input of shape (N, C, ...). In eval mode (with running statistics) it is a plain
     per-rank batch norm, exactly like ``nn.BatchNorm``: nothing is communicated.
     """
-
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, group=None,
                  device=None, dtype=None):
@@ -268,11 +266,6 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
     Returns ``{"losses", "test_acc", "train_acc"}`` (None on ranks left out). Model and data live on
     ``device`` (default: the rank's, ``dist.init().device``).
     """
-    from ddlcourse import dist
-    from ddlcourse.data.toy import shapes
-    from ddlcourse.models.small import SmallCNN
-    from ddlcourse.parallel.data_parallel import unwrap, wrap
-
     if mode not in BN_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(BN_MODES)}")
     dist.init(horovod=False)
@@ -322,8 +315,6 @@ def compare_with_full_batch(channels: int = 5, spatial=(4, 4), seed: int = 0, de
     Everything lives on ``device`` (default: the rank's).
     """
     import copy
-
-    from ddlcourse import dist
 
     dist.init(horovod=False)
     device = rank_device(device)
