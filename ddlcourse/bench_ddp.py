@@ -1,23 +1,28 @@
-"""DDP over gloo, DDP with the MPI communication hook, and Horovod, timed side by side on CPU ranks.
+"""DDP with each communication-hook mode and Horovod, timed side by side on CPU ranks.
 
 Run it on 2 ranks (any N >= 2 works)::
 
-    mpiexec -n 2 -bind-to none -genv OMP_NUM_THREADS 1 python -m ddlcourse.bench_ddp [--model mlp|cnn] [--lab1]
+    mpiexec -n 2 -bind-to none -genv OMP_NUM_THREADS 1 python -m ddlcourse.bench_ddp [--model cnn|mlp|both] [--reps N] [--lab1]
 
-One run prints, with the ways **interleaved** (every repetition times each way once, in turn, so a load spike on
-a shared machine hits them alike) and the **median** over repetitions:
+For each model -- ``cnn``, the synthetic-benchmark CNN as notebooks 08 and 13 time it
+(``synthetic_bench.run("smallcnn", batch_size=32, image_size=32, width=16)``), and ``mlp``, a 1.2 M-parameter
+MLP -- one run prints, with the ways **interleaved** (every repetition times each way once, in turn, so a load
+spike on a shared machine hits them alike):
 
-* seconds per training step of the same model and per-rank batch: 1 rank alone (no communication), DDP (gloo),
-  DDP (MPI hook, :mod:`ddlcourse.parallel.mpi_hook`), the same without DDP's broadcast of the buffers before
-  every forward (``forward_sync_buffers=False``, what Horovod does) and Horovod (MPI), each the slowest rank's
-  time, with the median and the min-max over the repetitions;
+* seconds per training step of the same model and per-rank batch: 1 rank alone (no communication), DDP in each
+  mode of :mod:`ddlcourse.parallel.mpi_hook` (``default``: DDP's own hook, gloo; ``mpi``: a blocking MPI
+  allreduce per bucket; ``mpi-overlap``: MPI allreduces started per bucket and waited for at the end of
+  backward), and Horovod (MPI), each the slowest rank's time, median and min-max over the repetitions;
 * throughput (samples/s over all ranks) and weak-scaling efficiency ``t(1 rank) / t(N ranks)`` of each way;
-* bus bandwidth of the hand-written ring allreduce and of ``MPI_Allreduce`` at 16 MiB, and the latency of a
-  64-float allreduce through gloo and through MPI;
-* with ``--lab1``: lab 1's (maize) segmentation step on 1 and 2 ranks at the ``laptop`` scale, DDP with and
-  without the MPI hook, and the 2-rank strong-scaling speedup.
+* DDP against Horovod, as a ratio taken within each repetition (median and min-max): for the CNN the throughput
+  ratio (above 1: DDP is faster), for the MLP the step-time ratio (above 1: DDP is slower);
 
-Nothing here is asserted: it measures. Compare ways within one run, never against a number from another run.
+then, once, the bus bandwidth of the hand-written ring allreduce and of ``MPI_Allreduce`` at 16 MiB and the
+latency of a 64-float allreduce through gloo and through MPI; with ``--lab1``, lab 1's (maize) segmentation
+step on 1 and 2 ranks at the ``laptop`` scale in each hook mode, and the 2-rank strong-scaling speedup.
+
+Nothing here is asserted: it measures, and the figures depend on the machine and on its load. Compare ways within
+one run, never against a number from another run.
 """
 from __future__ import annotations
 
@@ -26,16 +31,23 @@ import os
 import statistics
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
-# On CPU ranks; Horovod reduces through MPI. "no bcast": DDP(forward_sync_buffers=False). By default DDP broadcasts
-# rank 0's buffers (BatchNorm's running statistics) through its process group, gloo here, before every forward;
-# Horovod's optimizer does not, so that row is the like-for-like comparison on a model with BatchNorm (the CNN).
-WAYS = ("1 rank", "DDP (gloo)", "DDP (MPI hook)", "DDP (MPI, no bcast)", "Horovod")
-# On GPUs DDP's buckets go through NCCL (the MPI hook declines CUDA buckets), and so do Horovod's when it was built
-# with HOROVOD_GPU_OPERATIONS=NCCL (env/build_horovod_gpu.sh): the GPU table names what it measured.
+from ddlcourse import dist, runtimes, synthetic_bench
+from ddlcourse.cases import maize
+from ddlcourse.device import synchronize
+from ddlcourse.models.small import MLP
+from ddlcourse.parallel import mpi_hook
+from ddlcourse.parallel.mpi_hook import register_mpi_hook
+
+MODELS = ("cnn", "mlp")
+BATCH = {"cnn": 32, "mlp": 64}       # samples per rank per step: the CNN's is synthetic_bench's default
+# On CPU ranks: DDP in each hook mode ($DDLCOURSE_DDP_HOOK), Horovod reducing through MPI.
+HOOK_WAYS = {"DDP default (gloo)": "default", "DDP mpi": "mpi", "DDP mpi-overlap": "mpi-overlap"}
+WAYS = ("1 rank", *HOOK_WAYS, "Horovod")
+# On GPUs DDP's buckets go through NCCL (the MPI hooks decline CUDA buckets), and so do Horovod's when it was
+# built with HOROVOD_GPU_OPERATIONS=NCCL (env/build_horovod_gpu.sh): the GPU table names what it measured.
 GPU_WAYS = ("1 rank", "DDP (NCCL)", "Horovod")
 
 
@@ -51,20 +63,18 @@ def _quiet_barrier(comm) -> None:
         time.sleep(2e-4)
 
 
-def build(model: str, device) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The model (seeded: the same on every rank) and one fixed random batch per rank."""
-    from ddlcourse import dist, synthetic_bench
-    from ddlcourse.models.small import MLP
+def build(model: str, device) -> tuple[nn.Module, torch.Generator, tuple]:
+    """The model (seeded: the same on every rank), a generator for this rank's batch, and one sample's shape."""
 
     torch.manual_seed(0)
     if model == "mlp":                               # about 1.2 M parameters
         net = MLP(256, 10, hidden=512, depth=5)
         shape = (256,)
-    elif model == "cnn":
+    elif model == "cnn":                             # synthetic_bench.run("smallcnn", image_size=32, width=16)
         net = synthetic_bench.build_model("smallcnn", 32, width=16)
         shape = (3, 32, 32)
     else:
-        raise ValueError(f"unknown model {model!r}; choose mlp or cnn")
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     g = torch.Generator().manual_seed(dist.seed_for_rank(5, dist.rank()))
     return net.to(device), g, shape
 
@@ -73,19 +83,18 @@ def make_ways(model: str, batch: int, device):
     """``{way: step function}``; every way trains its own copy of the same initial model."""
     import horovod.torch as hvd
 
-    from ddlcourse.parallel.mpi_hook import register_mpi_hook
 
     ways = {}
     for way in ways_for(device):
         net, g, shape = build(model, device)
-        x = torch.randn(batch, *shape, generator=g).to(device)
+        x = torch.randn(batch, *shape, generator=g).to(device)        # (batch, *shape)
         t = torch.randint(0, 10, (batch,), generator=g).to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         if way.startswith("DDP"):
             net = nn.parallel.DistributedDataParallel(
-                net, device_ids=[device.index] if device.type == "cuda" else None,
-                forward_sync_buffers="no bcast" not in way)
-            if way.startswith("DDP (MPI") and not register_mpi_hook(net, force=True):
+                net, device_ids=[device.index] if device.type == "cuda" else None)
+            hook = HOOK_WAYS.get(way, "default")
+            if hook != "default" and not register_mpi_hook(net, hook_mode=hook):
                 raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
         elif way == "Horovod":
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
@@ -99,13 +108,14 @@ def make_ways(model: str, batch: int, device):
     return ways
 
 
-def time_ways(model: str = "mlp", batch: int = 64, steps: int = 10, reps: int = 5, warmup: int = 3) -> dict:
-    """Median seconds per step of each way (slowest rank), interleaved; runs on every rank of the world."""
+def time_ways(model: str = "mlp", batch: int | None = None, steps: int = 10, reps: int = 5,
+              warmup: int = 3) -> dict:
+    """Seconds per step of each way (slowest rank) in each of ``reps`` interleaved repetitions, and their
+    medians; runs on every rank of the world."""
     from mpi4py import MPI
 
-    from ddlcourse import dist
-    from ddlcourse.device import synchronize
 
+    batch = BATCH[model] if batch is None else batch
     info = dist.init(horovod=True)
     comm = MPI.COMM_WORLD
     ways = make_ways(model, batch, info.device)
@@ -143,20 +153,64 @@ def _horovod_comm(device) -> str:
     return "MPI" if hvd.mpi_enabled() else "gloo"
 
 
-def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
-    """Lab 1's segmentation training on 1 and 2 ranks (DDP, the same global batch), DDP with the default hook
-    (gloo) and with the MPI hook, interleaved; seconds per step (medians over ``reps``). Every rank calls it."""
-    from ddlcourse.cases import maize
-    from ddlcourse.parallel import mpi_hook
+def ratios(res: dict, throughput: bool) -> dict:
+    """``{DDP way: (median, min, max)}`` of DDP against Horovod, one ratio per repetition: Horovod's time over
+    DDP's (throughput ratio, ``throughput=True``) or DDP's time over Horovod's (step-time ratio)."""
+    hvd = res["per_rep"]["Horovod"]
+    out = {}
+    for way, times in res["per_rep"].items():
+        if way.startswith("DDP"):
+            r = [(h / d if throughput else d / h) for d, h in zip(times, hvd)]
+            out[way] = (statistics.median(r), min(r), max(r))
+    return out
 
-    runs = (("1 rank", 1, "mpi"), ("2 ranks, DDP (gloo)", 2, "default"), ("2 ranks, DDP (MPI hook)", 2, "mpi"))
+
+def report_model(res: dict) -> str:
+    """The table of one model's ways, and DDP against Horovod as a ratio (throughput for the CNN)."""
+    s, n, b = res["seconds"], res["world_size"], res["batch"]
+    nrep = len(res["per_rep"]["1 rank"])
+    lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks "
+             f"on {res.get('device', 'cpu')}, median of {nrep} interleaved repetitions; "
+             f"Horovod reduces through {res.get('horovod_comm', 'MPI')}",
+             f"{'way':<20} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11} "
+             f"{'s/step min-max':>19}"]
+    for w in s:
+        ranks = 1 if w == "1 rank" else n
+        eff = "" if w == "1 rank" else f"{s['1 rank'] / s[w]:.2f}"
+        rel = "" if w == "1 rank" else f"{s[w] / s['Horovod']:.3f}x"
+        reps = res["per_rep"].get(w) or [s[w]]
+        lines.append(f"{w:<20} {s[w]:>9.5f} {ranks * b / s[w]:>10.0f} {eff:>18} {rel:>11} "
+                     f"{min(reps):>9.5f}-{max(reps):.5f}")
+    throughput = res["model"] == "cnn"
+    kind = ("throughput ratio (Horovod's s/step over DDP's; above 1: DDP faster)" if throughput else
+            "step-time ratio (DDP's s/step over Horovod's; above 1: DDP slower)")
+    lines.append(f"DDP / Horovod {kind}, per repetition, median (min-max) of {nrep}:")
+    for way, (med, lo, hi) in ratios(res, throughput).items():
+        lines.append(f"  {way:<20} {med:.3f} ({lo:.3f}-{hi:.3f})")
+    return "\n".join(lines)
+
+
+def report_comm(bw: dict, lat: dict, ring_mib: float = 16.0) -> str:
+    """The allreduce bandwidths at ``ring_mib`` MiB and the latency of a small allreduce."""
+    return "\n".join([
+        f"allreduce of {ring_mib:g} MiB, bus bandwidth (nccl-tests convention): "
+        + ", ".join(f"{k} {v['busbw'] / 1e9:.2f} GB/s" for k, v in bw.items())
+        + f"; ring / MPI = {bw['ring']['busbw'] / bw['mpi']['busbw']:.2f}",
+        f"allreduce of 64 floats: gloo {lat['gloo'][0] * 1e6:.1f} µs, MPI {lat['mpi'][0] * 1e6:.1f} µs"])
+
+
+def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
+    """Lab 1's segmentation training on 1 and 2 ranks (DDP, the same global batch), 2 ranks in each hook mode,
+    interleaved; seconds per step (medians over ``reps``). Every rank calls it."""
+
+    runs = [("1 rank", 1, "default")] + [(f"2 ranks, {w}", 2, m) for w, m in HOOK_WAYS.items()]
     times: dict = {name: [] for name, _, _ in runs}
     before = os.environ.get(mpi_hook.MODE_VAR)
     try:
         for rep in range(reps):
             for name, k, hook in runs:
                 os.environ[mpi_hook.MODE_VAR] = hook
-                cfg = maize.make_config(scale, backend="ddp", ranks=k, stages="seg", seg_epochs=epochs, eval=False,
+                cfg = maize.Config.make(scale, backend="ddp", ranks=k, stages="seg", seg_epochs=epochs, eval=False,
                                         run_name=f"bench-ddp-{k}-{hook}", fresh=True)
                 res = maize.train(cfg)
                 if res is not None:
@@ -169,31 +223,11 @@ def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
     return {name: statistics.median(v) for name, v in times.items() if v}
 
 
-def report(res: dict, bw: dict, lat: dict, ring_mib: float = 16.0) -> str:
-    s, n, b = res["seconds"], res["world_size"], res["batch"]
-    lines = [f"model {res['model']} ({res['n_params']:,} parameters), {b} samples per rank per step, {n} ranks "
-             f"on {res.get('device', 'cpu')}, median of {len(res['per_rep']['1 rank'])} interleaved repetitions; "
-             f"Horovod reduces through {res.get('horovod_comm', 'MPI')}",
-             f"{'way':<20} {'s/step':>9} {'samples/s':>10} {'weak-scaling eff.':>18} {'vs Horovod':>11} "
-             f"{'s/step min-max':>19}"]
-    for w in s:
-        ranks = 1 if w == "1 rank" else n
-        eff = "" if w == "1 rank" else f"{s['1 rank'] / s[w]:.2f}"
-        rel = "" if w == "1 rank" else f"{s[w] / s['Horovod']:.3f}x"
-        reps = res["per_rep"].get(w) or [s[w]]
-        lines.append(f"{w:<20} {s[w]:>9.5f} {ranks * b / s[w]:>10.0f} {eff:>18} {rel:>11} "
-                     f"{min(reps):>9.5f}-{max(reps):.5f}")
-    lines.append(f"allreduce of {ring_mib:g} MiB, bus bandwidth (nccl-tests convention): "
-                 + ", ".join(f"{k} {v['busbw'] / 1e9:.2f} GB/s" for k, v in bw.items())
-                 + f"; ring / MPI = {bw['ring']['busbw'] / bw['mpi']['busbw']:.2f}")
-    lines.append(f"allreduce of 64 floats: gloo {lat['gloo'][0] * 1e6:.1f} µs, MPI {lat['mpi'][0] * 1e6:.1f} µs")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
-    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--model", default="both", choices=(*MODELS, "both"))
+    p.add_argument("--batch", type=int, default=None,
+                   help="samples per rank per step (default: " + ", ".join(f"{m} {b}" for m, b in BATCH.items()) + ")")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (the median is reported)")
     p.add_argument("--ring-mib", type=float, default=16.0)
@@ -203,26 +237,27 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from mpi4py import MPI
 
-    from ddlcourse import dist, runtimes
 
     dist.init(horovod=True)
     comm = MPI.COMM_WORLD
     if comm.Get_size() < 2:
         raise SystemExit("run it on at least 2 ranks: mpiexec -n 2 python -m ddlcourse.bench_ddp")
-    res = time_ways(a.model, a.batch, a.steps, a.reps)
+    for model in (MODELS if a.model == "both" else (a.model,)):
+        res = time_ways(model, a.batch, a.steps, a.reps)
+        if comm.Get_rank() == 0:
+            print(report_model(res) + "\n", flush=True)
     bw = runtimes.bandwidths_at(int(a.ring_mib * (1 << 20)), reps=a.reps)
     lat = runtimes.compare_gloo_mpi([256], reps=20)
     if comm.Get_rank() == 0:
-        print(report(res, bw, lat, a.ring_mib), flush=True)
+        print(report_comm(bw, lat, a.ring_mib), flush=True)
     if a.lab1:
         lab = lab1_strong(a.lab1_reps, a.lab1_scale)
         if comm.Get_rank() == 0:
             one = lab["1 rank"]
             print(f"lab 1 (maize, {a.lab1_scale}), segmentation, same global batch, median of {a.lab1_reps}:")
             for name, t in lab.items():
-                print(f"  {name:<24} {t:.4f} s/step   speedup {one / t:.2f}x")
+                print(f"  {name:<30} {t:.4f} s/step   speedup {one / t:.2f}x")
     comm.Barrier()
-    from ddlcourse.parallel import mpi_hook
     mpi_hook.free_comms()
     dist.shutdown()
     return 0

@@ -21,6 +21,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ddlcourse.device import now
+from ddlcourse.models.small import MLP, SmallCNN
+from ddlcourse import dist
+from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters, wrap
 
 MODELS = ("mlp", "smallcnn", "resnet")
 
@@ -86,7 +89,6 @@ def build_model(name: str, image_size: int, width: int = 16, n_classes: int = 10
     ``resnet`` takes the ImageNet stem (stride 4 before the blocks) for images of side >= 64, the CIFAR stem
     (stride 1) for smaller ones, as the ResNet paper does for its ImageNet and CIFAR-10 networks.
     """
-    from ddlcourse.models.small import MLP, SmallCNN
 
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), MLP(3 * image_size * image_size, n_classes, hidden=8 * width, depth=3))
@@ -109,8 +111,6 @@ def run(model: str = "smallcnn", batch_size: int = 32, image_size: int = 32, wid
     ``img_sec_rank`` (mean, and ``img_sec_rank_ci``: 1.96 standard deviations over iterations) and
     ``img_sec_total`` (per-rank rate times the number of ranks, as Horovod reports); None elsewhere.
     """
-    from ddlcourse import dist
-    from ddlcourse.parallel.data_parallel import wrap
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -181,7 +181,6 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from mpi4py import MPI
 
-    from ddlcourse import dist
     res = run(model=a.model, batch_size=a.batch_size, image_size=a.image_size, width=a.width,
               backend=a.backend, num_warmup_batches=a.num_warmup_batches,
               batches_per_iter=a.num_batches_per_iter, num_iters=a.num_iters, fp16_allreduce=a.fp16_allreduce)
@@ -229,8 +228,6 @@ def step_breakdown(n_ranks: int, batch_size: int = 16, image_size: int = 32, wid
     """Mean seconds per step on the first ``n_ranks`` ranks, split into compute (forward, backward, update),
     idle (waiting at a barrier for the slowest rank) and communication (the gradient allreduce).
     Runs on every rank; None on the ranks left out."""
-    from ddlcourse import dist
-    from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
 
     info = dist.init(horovod=False)
     comm, group = dist.subgroup(n_ranks)

@@ -1,50 +1,154 @@
-"""The DDP communication hook that sends CPU buckets through MPI: same training as DDP's default hook and as
-serial, on the world and on a subgroup; which path ran is visible; switched off by $DDLCOURSE_DDP_HOOK."""
+"""The DDP communication hooks that send CPU buckets through MPI: every mode ($DDLCOURSE_DDP_HOOK = mpi-overlap,
+mpi, default) trains as serial on the world and on a subgroup, with several buckets, with gradient accumulation
+under no_sync and with find_unused_parameters; DDP's buffer broadcast goes through MPI and equals DDP's own; a
+backward that raises leaves no request behind; the hook records which path ran."""
 import pytest
 
 pytestmark = pytest.mark.mpi
 
 CODE = r"""
 import os, torch
+from contextlib import nullcontext
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.data.toy import teacher_classification
-from ddlcourse.models.small import MLP
+from ddlcourse.models.small import MLP, SmallCNN
 from ddlcourse.parallel import mpi_hook
 from ddlcourse.parallel.data_parallel import wrap, unwrap
 
 info = dist.init(horovod=False)
 X, y = teacher_classification(96, dim=8, n_classes=3, seed=1)
+IMG = torch.randn(96, 1, 8, 8, generator=torch.Generator().manual_seed(3))   # (batch, channels, H, W)
+STEPS, GB = 4, 24                                                            # steps, global batch
 
-def run(world, group, hook):
+
+class WithUnused(torch.nn.Module):
+    # a layer that never takes part: DDP needs find_unused_parameters=True to finish its reduction
+    def __init__(self):
+        super().__init__()
+        self.mlp, self.unused = MLP(8, 3, hidden=32, depth=2), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+class Boom(torch.autograd.Function):
+    # identity; its backward raises while `armed`, after the buckets of the layers above it have been started
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if Boom.armed:
+            raise RuntimeError("boom")
+        return g
+
+
+class Breakable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 64), MLP(64, 3, hidden=64, depth=2)
+
+    def forward(self, x):
+        return self.b(Boom.apply(torch.relu(self.a(x))))
+
+
+MODELS = {"mlp": lambda: MLP(8, 3, hidden=64, depth=3), "unused": WithUnused, "cnn": lambda: SmallCNN(1, 3, width=4),
+          "boom": Breakable}
+
+
+def flat(model, what="parameters"):
+    return torch.cat([t.detach().double().flatten() for t in getattr(unwrap(model), what)()])
+
+
+def run(case, world, group, hook, micro=1, boom_at=None, **ddp_kwargs):
+    # STEPS steps on the global batch; this rank's share split into `micro` micro-batches (no_sync but the last)
     os.environ[mpi_hook.MODE_VAR] = hook
     r = 0 if world == 1 else torch.distributed.get_rank(group)
     torch.manual_seed(0)
-    model = MLP(8, 3, hidden=64, depth=3)
+    model = MODELS[case]()
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     if world > 1:
-        model, opt = wrap(model, opt, "ddp", group=group, bucket_cap_mb=0.01)   # several buckets
-    for step in range(4):
-        idx = torch.arange(step * 24, step * 24 + 24)[r::world]
-        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
-        opt.zero_grad(); loss.backward(); opt.step()
-    st = mpi_hook.hook_state(model)
-    return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]), st
+        model, opt = wrap(model, opt, "ddp", group=group, bucket_cap_mb=0.01, **ddp_kwargs)   # several buckets
+    inputs = IMG if case == "cnn" else X
+    raised = []
+    for step in range(STEPS):
+        idx = torch.arange(step * GB, step * GB + GB)[r::world]
+        opt.zero_grad()
+        Boom.armed = step == boom_at
+        try:
+            for i, part in enumerate(idx.chunk(micro)):
+                sync = world > 1 and i < micro - 1
+                with model.no_sync() if sync else nullcontext():
+                    loss = torch.nn.functional.cross_entropy(model(inputs[part]), y[part]) / micro
+                    loss.backward()
+            opt.step()
+        except RuntimeError as e:
+            raised.append(str(e)[:40])
+            if step != boom_at:
+                break                       # DDP itself refuses to go on after a backward that raised
+    return model, mpi_hook.hook_state(model), raised
+
+
+def diff(a, b):
+    return (a - b).abs().max().item()
+
 
 out = {}
-serial, _ = run(1, None, "mpi")
 for k in sorted({2, info.world_size}):
     comm, group = dist.subgroup(k)
     g = None if k == info.world_size else group
-    if comm is not None:
-        p_mpi, st = run(k, g, "mpi")
-        p_def, st_def = run(k, g, "default")
-        out[k] = dict(mpi=(p_mpi - serial).abs().max().item(), default=(p_def - serial).abs().max().item(),
-                      same=(p_mpi - p_def).abs().max().item(), mpi_buckets=st.buckets["mpi"],
-                      fallback=st.buckets["default"], default_registered=st_def is not None)
+    if comm is None:
+        dist.barrier()
+        continue
+    res = {}
+    serial = {case: flat(run(case, 1, None, "default")[0]) for case in ("mlp", "unused", "boom")}
+    serial["accum"] = serial["mlp"]
+    cnn_default, _, _ = run("cnn", k, g, "default")
+    for hook in mpi_hook.MODES:
+        m, st, _ = run("mlp", k, g, hook)
+        ma, st_a, _ = run("mlp", k, g, hook, micro=2)
+        mu, st_u, _ = run("unused", k, g, hook, find_unused_parameters=True)
+        mc, st_c, _ = run("cnn", k, g, hook)
+        res[hook] = dict(
+            plain=diff(flat(m), serial["mlp"]), accum=diff(flat(ma), serial["accum"]),
+            unused=diff(flat(mu), serial["unused"]),
+            cnn_params=diff(flat(mc), flat(cnn_default)),
+            cnn_buffers=diff(flat(mc, "buffers"), flat(cnn_default, "buffers")),
+            registered=st is not None,
+            mode=None if st is None else st.mode,
+            buckets=None if st is None else dict(st.buckets),
+            accum_buckets=None if st_a is None else dict(st_a.buckets),
+            waits=None if st is None else st.waits,
+            buffer_syncs=None if st_c is None else dict(st_c.buffer_syncs),
+            pending=len(mpi_hook._PENDING.get(mpi_hook._ranks(g), [])))
+    # a backward that raises half-way (every rank alike): DDP refuses the next step; a fresh DDP on the same
+    # communicator then trains exactly as before, and nothing is left in flight
+    for hook in ("mpi-overlap", "mpi"):
+        mb, stb, raised = run("boom", k, g, hook, boom_at=2)
+        ref, _, _ = run("boom", k, g, hook)
+        again, st2, _ = run("boom", k, g, hook)
+        res["boom-" + hook] = dict(raised=raised, leftovers=stb.leftovers, ref=diff(flat(ref), serial["boom"]),
+                                   again=diff(flat(again), flat(ref)),
+                                   pending=len(mpi_hook._PENDING.get(mpi_hook._ranks(g), [])))
+    # the buffer hook by itself: four dtypes, one message each (bool and bfloat16 go as bytes), a non-contiguous
+    # buffer
+    cr = comm.Get_rank()
+    bufs = {"f": torch.full((3, 2), float(cr)), "t": torch.full((2, 3), float(cr)).t(),
+            "n": torch.tensor(cr), "h": torch.full((4,), cr + 0.5, dtype=torch.bfloat16),
+            "b": torch.tensor([cr % 2 == 0, True])}
+    st = mpi_hook.MPIHookState(g, mpi_hook.comm_for(g), "mpi")
+    mpi_hook.mpi_broadcast_buffers_hook(st, bufs)
+    want = {"f": torch.zeros(3, 2), "t": torch.zeros(3, 2), "n": torch.tensor(0),
+            "h": torch.full((4,), 0.5, dtype=torch.bfloat16), "b": torch.tensor([True, True])}
+    res["bcast"] = dict(equal=all(torch.equal(bufs[n], w) for n, w in want.items()), syncs=dict(st.buffer_syncs))
+    out[k] = res
     dist.barrier()
 allr = MPI.COMM_WORLD.gather(out, root=0)
-freed = mpi_hook.free_comms()
+mpi_hook.free_comms()
 dist.shutdown()
 if MPI.COMM_WORLD.rank == 0:
     print(repr(allr))
@@ -52,28 +156,52 @@ if MPI.COMM_WORLD.rank == 0:
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_mpi_hook_matches_default_hook_and_serial(mpi, n):
+def test_every_mode_trains_as_serial(mpi, n):
     allr = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
     seen = set()
     for per_rank in allr:
-        for k, d in per_rank.items():
+        for k, res in per_rank.items():
             seen.add(k)
-            assert d["mpi"] < 1e-5 and d["default"] < 1e-5, d
-            assert d["same"] < 1e-6, d
-            assert d["mpi_buckets"] >= 4 * 2 and d["fallback"] == 0, d      # several buckets per step, all MPI
-            assert d["default_registered"] is False
+            for hook in ("mpi-overlap", "mpi", "default"):
+                d = res[hook]
+                assert d["plain"] < 1e-5 and d["accum"] < 1e-5 and d["unused"] < 1e-5, (k, hook, d)
+                assert d["cnn_params"] < 1e-6 and d["cnn_buffers"] < 1e-6, (k, hook, d)   # as DDP's own hook
+                assert d["pending"] == 0, (k, hook, d)
+                if hook == "default":
+                    assert not d["registered"] and d["buffer_syncs"] is None, d
+                    continue
+                assert d["registered"] and d["mode"] == hook, d
+                others = {p: c for p, c in d["buckets"].items() if p != hook}
+                # several buckets per step, every one through the path of the mode, none left to gloo
+                assert d["buckets"][hook] >= 2 * 4 and set(others.values()) == {0}, (k, hook, d)
+                # no_sync: only the last micro-batch's backward reduces, so as many buckets as without it
+                assert d["accum_buckets"][hook] == d["buckets"][hook], (k, hook, d)
+                assert d["waits"] == (4 if hook == "mpi-overlap" else 0), d       # one Waitall per backward
+                assert d["buffer_syncs"] == {"mpi": 2 * 4, "default": 0}, d     # float and int64, every forward
+            for hook in ("mpi-overlap", "mpi"):
+                b = res["boom-" + hook]
+                assert b["raised"][0] == "boom" and "Expected to have finished" in b["raised"][1], b
+                assert b["ref"] < 1e-5 and b["again"] < 1e-12 and b["pending"] == 0, b
+            # overlap: the bucket started before the backward raised was waited for by the next forward
+            assert res["boom-mpi-overlap"]["leftovers"] >= 1 and res["boom-mpi"]["leftovers"] == 0, res
+            assert res["bcast"] == {"equal": True, "syncs": {"mpi": 4, "default": 0}}, res["bcast"]
     assert seen == ({2, n} if n > 2 else {2})
 
 
 def test_mode_validates(monkeypatch):
     from ddlcourse.parallel import mpi_hook
     monkeypatch.setenv(mpi_hook.MODE_VAR, "nccl")
-    with pytest.raises(ValueError, match="DDLCOURSE_DDP_HOOK"):
+    with pytest.raises(ValueError, match=r"DDLCOURSE_DDP_HOOK must be one of 'mpi-overlap', 'mpi', 'default'"):
         mpi_hook.mode()
-    monkeypatch.setenv(mpi_hook.MODE_VAR, "Default")
+    with pytest.raises(ValueError, match="'mpi-overlap', 'mpi', 'default', got 'overlap'"):
+        mpi_hook.check_mode("overlap")
+    monkeypatch.setenv(mpi_hook.MODE_VAR, " Default")
     assert mpi_hook.mode() == "default"
+    monkeypatch.setenv(mpi_hook.MODE_VAR, "MPI")
+    assert mpi_hook.mode() == "mpi"
     monkeypatch.delenv(mpi_hook.MODE_VAR)
-    assert mpi_hook.mode() == "mpi"          # on by default (bench_ddp's figures in mpi_hook.mode)
+    assert mpi_hook.mode() == "mpi-overlap"          # the default
+    assert mpi_hook.MODES[0] == "mpi-overlap"
 
 
 def test_no_mpi_path_without_torch_distributed():
