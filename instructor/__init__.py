@@ -1,4 +1,4 @@
-"""The instructor's tools, outside the learners' package ``ddlcourse``: the slide builder (``instructor.slides``,
-``make slides``), headless Chromium for printing and testing the decks (``instructor.browser``), and the figures
-drawn for the lecture-only slides (``instructor.figures``). Run from the repository root:
-``python -m instructor.slides build``."""
+"""The instructor's tools, outside the learners' package ``ddlcourse``: the talk decks' parser and rules
+(``instructor.talk``), their build (``instructor.slides``, ``make slides``), the diagrams drawn for them
+(``instructor.diagrams``), and headless Chromium for printing and testing them (``instructor.browser``). Run from
+the repository root: ``python -m instructor.slides build``."""
