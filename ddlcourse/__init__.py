@@ -10,14 +10,16 @@ dist     per-rank setup: torch.distributed, Horovod, device, seeding
 bench    step timing, throughput, speedup, efficiency and their plots
 checks   environment checks (the allreduce three ways of notebook 00)
 """
+import importlib.metadata as md
+import platform
+
+from ddlcourse import config
+
 __version__ = "0.1.0"
 
 
 def versions() -> dict:
     """Versions of the packages the course runs on (None where missing)."""
-    import importlib.metadata as md
-    import platform
-
     out = {"python": platform.python_version()}
     for pkg in ("torch", "mpi4py", "mpich", "horovod", "ipyparallel", "jupyterlab", "matplotlib", "numpy", "nbval"):
         try:
@@ -30,7 +32,6 @@ def versions() -> dict:
 
 def print_versions() -> None:
     """The first code cell of every notebook: what this run uses, and at which scale."""
-    from ddlcourse import config
     v = versions()
     print("  ".join(f"{k} {val}" for k, val in v.items() if val is not None))
     print(f"scale profile: {config.get_scale()}  (set DDLCOURSE_SCALE=smoke|laptop|cluster)")

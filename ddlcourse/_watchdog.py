@@ -10,20 +10,20 @@ import os
 import sys
 import time
 
+from ddlcourse.processes import alive, kill_recorded  # the standard library only: no ipyparallel, no torch
+
 
 def main(parent_pid: int, state_file: str, poll: float = 0.5) -> int:
-    from ddlcourse.cluster import _alive, _kill_recorded
-
     while True:
         if not os.path.exists(state_file):
             return 0
-        if not _alive(parent_pid):
+        if not alive(parent_pid):
             try:
                 with open(state_file) as f:
                     state = json.load(f)
             except (OSError, json.JSONDecodeError):
                 state = {}
-            _kill_recorded(state)
+            kill_recorded(state)
             try:
                 os.unlink(state_file)
             except OSError:

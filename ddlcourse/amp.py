@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as tdist
 from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddlcourse.device import rank_device
 
@@ -313,8 +316,6 @@ def compress_hook(dtype):
     ``hook.sent``. Register it with DDP's process group as the state (``ddp.register_comm_hook(group, hook)``):
     the bucket is reduced over that group, not the whole world.
     """
-    import torch.distributed as tdist
-
     def hook(group, bucket):
         buf = bucket.buffer()
         wire = (buf / tdist.get_world_size(group)).to(dtype)
@@ -346,9 +347,6 @@ def dp_mixed_precision(steps: int = 3, global_batch: int = 4096, dim: int = 16, 
     with the fraction of its entries that are 0 (the first layer's gradients are about 1e-10 here: below
     fp16's range unless scaled).
     """
-    import torch.distributed as tdist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     device = rank_device(device)
     r, n = tdist.get_rank(group), tdist.get_world_size(group)
     if global_batch % n:
@@ -403,9 +401,6 @@ def sharded_scaler(steps: int = 6, overflow_step: int = 3, overflow_rank: int = 
 
     Returned per scaler: ``taken`` (per step, whether this rank's shard was updated) and ``scales`` (after each step).
     """
-    import torch.distributed as tdist
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
     device = rank_device(device)
     r = tdist.get_rank(group)
     if not 0 <= overflow_step < steps:
@@ -434,7 +429,7 @@ def sharded_scaler(steps: int = 6, overflow_step: int = 3, overflow_rank: int = 
 # --------------------------------------------------------------------------- plot
 def plot_runs(runs: dict, ax=None):
     """Loss per step of each mode (log scale) and, on a second axis, the loss scale of the scaler run."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3))

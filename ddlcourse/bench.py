@@ -125,7 +125,7 @@ def to_records(rows: Iterable[ScalingPoint]) -> list[dict]:
 
 def plot_scaling(rows: list[ScalingPoint], title: str = "", ax=None, label: str = "measured"):
     """Speedup against ranks, with the ideal line; efficiency printed at each point."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.2))

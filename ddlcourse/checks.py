@@ -11,11 +11,22 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
+import runpy
 import socket
 import sys
+from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as tdist
+
+from ddlcourse import config, dist
+# srun's --mpi plugin is worked out where launch commands are built; the Slurm templates ask for it here
+# (python -m ddlcourse.checks srun-mpi), tests and env/ scripts as checks.srun_mpi_plugin.
+from ddlcourse.launch import mpi_library_version, pmi_plugin_for, srun_mpi_plugin  # noqa: F401
 
 SKIP_NO_CUDA = "skipped (no CUDA)"
 
@@ -35,11 +46,7 @@ def allreduce_three_ways(length: int = 4) -> dict:
     ``torch.distributed`` sums a tensor on the rank's device (CUDA with nccl, else CPU with gloo); Horovod
     a CPU tensor. ``devices`` holds the device-dependent allreduces of :func:`device_allreduces`.
     """
-    import torch
-    import torch.distributed as tdist
-    from mpi4py import MPI
-
-    from ddlcourse import dist
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     info = dist.init()
     x = rank_vector(info.rank, length)
@@ -50,7 +57,7 @@ def allreduce_three_ways(length: int = 4) -> dict:
     t = torch.from_numpy(x.copy()).to(info.device)
     tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
 
-    import horovod.torch as hvd
+    import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
     h = hvd.allreduce(torch.from_numpy(x.copy()), op=hvd.Sum, name="setup_check")
 
     return {"rank": info.rank, "mpi4py": out_mpi.tolist(), "torch.distributed": t.cpu().tolist(),
@@ -79,9 +86,7 @@ def device_allreduces(info, length: int = 4) -> list[dict]:
     * CUDA tensor through torch.distributed (nccl) and through Horovod (NCCL when Horovod was built with
       ``HOROVOD_GPU_OPERATIONS=NCCL``; otherwise this is reported as an error).
     """
-    import torch
-    import torch.distributed as tdist
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     want = expected_sum(info.world_size, length)
     x = rank_vector(info.rank, length)
@@ -105,7 +110,7 @@ def device_allreduces(info, length: int = 4) -> list[dict]:
     out.append(_one_allreduce(f"{names[0]} ({backend})", lambda: torch_sum(info.device), want))
 
     def hvd_sum():
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
         if not hvd.nccl_built():
             raise RuntimeError("Horovod was built without NCCL: rebuild it with env/build_horovod_gpu.sh "
                                "(HOROVOD_GPU_OPERATIONS=NCCL)")
@@ -118,7 +123,6 @@ def device_allreduces(info, length: int = 4) -> list[dict]:
 
 def tf32_state() -> dict:
     """Whether TF32 is allowed for matmuls and cuDNN convolutions (the course's agreement checks want it off)."""
-    import torch
     return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
 
 
@@ -137,7 +141,6 @@ def agree(results: list[dict], world_size: int, length: int, require_cuda: bool 
 # --------------------------------------------------------------------------------- where each rank runs
 def _gpu_identity(idx: int) -> str:
     """A name for the physical GPU behind ``cuda:idx`` that is the same whatever CUDA_VISIBLE_DEVICES says."""
-    import torch
     props = torch.cuda.get_device_properties(idx)
     uuid = getattr(props, "uuid", None)
     if uuid:
@@ -154,10 +157,7 @@ def placement() -> dict:
 
     Does not start torch.distributed or Horovod, so a broken NCCL cannot hide a wrong placement.
     """
-    import torch
-    from mpi4py import MPI
-
-    from ddlcourse import dist
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
@@ -227,63 +227,18 @@ def format_placement(rows: list[dict]) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------------- srun's PMI plugin
-def mpi_library_version() -> str:
-    """``MPI_Get_library_version`` of the MPI mpi4py was built with.
-
-    When this process has not imported ``mpi4py.MPI`` yet, a child Python asks (with MPI initialisation
-    turned off there), so that this process keeps mpi4py's normal start-up for later.
-    """
-    if "mpi4py.MPI" in sys.modules:
-        return sys.modules["mpi4py.MPI"].Get_library_version().strip()
-    import subprocess
-    code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
-            "from mpi4py import MPI; print(MPI.Get_library_version())")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        raise RuntimeError(f"could not ask mpi4py for its MPI library: {p.stderr.strip()[-300:]}")
-    return p.stdout.strip()
-
-
-def pmi_plugin_for(library_version: str) -> tuple[str, str]:
-    """``(plugin, why)``: the ``srun --mpi`` plugin that starts ranks of this MPI as one world."""
-    v = library_version.lower()
-    first = " ".join(library_version.strip().splitlines()[0].split()) if library_version.strip() else "(empty)"
-    if "cray mpich" in v:
-        return "cray_shasta", f"Cray MPICH ({first}) uses Slurm's cray_shasta plugin"
-    if "open mpi" in v:
-        return "pmix", f"Open MPI ({first}) is started through PMIx"
-    if "intel(r) mpi" in v or "intel mpi" in v:
-        return "pmi2", f"Intel MPI ({first}) speaks PMI-2 (set I_MPI_PMI_LIBRARY to Slurm's libpmi2.so)"
-    if "mvapich" in v:
-        return "pmi2", f"MVAPICH ({first}) speaks PMI-2"
-    if "mpich" in v:
-        return "pmi2", f"MPICH ({first}) speaks PMI-2 (the course venv's mpich wheel)"
-    return "pmi2", f"unknown MPI ({first}): guessing pmi2; set DDLCOURSE_SRUN_MPI (see `srun --mpi=list`)"
-
-
-def srun_mpi_plugin(library_version: str | None = None) -> tuple[str, str]:
-    """``(plugin, why)``: ``$DDLCOURSE_SRUN_MPI`` when set, else detected from mpi4py's MPI library."""
-    override = os.environ.get("DDLCOURSE_SRUN_MPI", "").strip()
-    if override:
-        return override, "set by DDLCOURSE_SRUN_MPI"
-    return pmi_plugin_for(library_version if library_version is not None else mpi_library_version())
-
-
 # --------------------------------------------------------------------------------- engines per scale
 _STARTERS = ("start", "MPICluster")          # cluster.start(n=...), cluster.MPICluster(n=...)
 
 
 def _profile_engines(section: str, scale: str) -> int:
     """The largest ``n_ranks``/``n_engines`` of ``section`` at ``scale`` (0: it names none)."""
-    from ddlcourse import config
     sizes = config.PROFILES.get(section, {}).get(scale, {})
     return max([v for k, v in sizes.items() if k in ("n_ranks", "n_engines") and isinstance(v, int)], default=0)
 
 
 def notebook_paths() -> list:
     """The course's notebooks and labs (none when the package runs outside its checkout)."""
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     return sorted((root / "notebooks").glob("*.ipynb")) + sorted((root / "labs").glob("*.ipynb"))
 
@@ -302,10 +257,6 @@ def notebook_clusters(path, scale: str | None = None) -> dict:
     ``alive_with`` are the indices of the clusters still alive when this one starts, and ``peak`` the most
     engines alive at the same time (notebook 26: its n_load engines stay up while n_save more save a checkpoint).
     """
-    import ast
-    import json
-
-    from ddlcourse import config
     scale = config.get_scale(scale)
     nb = json.loads(open(path).read())
     sizes: dict[str, tuple[str, str]] = {}      # name -> (section, scale)
@@ -432,7 +383,6 @@ def engines_needed(scale: str | None = None) -> dict[str, int]:
     A section's count is its profile's ``n_ranks``/``n_engines``, or more where its notebook keeps clusters
     alive together (:func:`notebook_clusters`: notebook 26's ``n_load`` engines stay up while ``n_save`` more start).
     """
-    from ddlcourse import config
     scale = config.get_scale(scale)
     out = {}
     for section in config.PROFILES:
@@ -465,9 +415,6 @@ def allocation_advice(scale: str | None, ntasks: int, gpus_per_node: int | None 
 # --------------------------------------------------------------------------------- CUDA / NCCL build
 def build_report(require_gpu: bool = False) -> tuple[list[str], list[str]]:
     """``(lines, problems)``: torch, CUDA, NCCL and Horovod as built here. Starts no process group."""
-    import torch
-    import torch.distributed as tdist
-
     lines = [f"host {socket.gethostname()}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
              f"gloo {tdist.is_gloo_available()}, nccl {tdist.is_nccl_available()}"]
     problems = []
@@ -481,7 +428,7 @@ def build_report(require_gpu: bool = False) -> tuple[list[str], list[str]]:
     if require_gpu and not tdist.is_nccl_available():
         problems.append("this torch has no NCCL backend (a CPU build?)")
     try:
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
         built = {k: bool(getattr(hvd, f"{k}_built")()) for k in ("mpi", "gloo", "nccl", "cuda")}
         lines.append("Horovod: " + ", ".join(f"{k} {v}" for k, v in built.items()))
         if require_gpu and not built["nccl"]:
@@ -496,13 +443,19 @@ def device_use(argv: list[str]) -> int:
     ``device-use: rank r on host: cuda:i peak N bytes`` (torch's peak allocation), or ``cpu``.
 
     A lab that leaves its model or batches on the CPU of a GPU rank allocates nothing on the GPU: the
-    smoke test (env/gpu_smoke.sh) fails it on that line.
+    smoke test (env/gpu_smoke.sh) fails it on that line. The command line runs as ``python -m`` runs it
+    (``runpy``), not through an import of ``ddlcourse.__main__``, which itself imports this module.
     """
-    import torch
-
-    from ddlcourse.__main__ import main as ddlcourse_main
-    rc = ddlcourse_main(argv)
-    from mpi4py import MPI
+    saved = sys.argv
+    sys.argv = ["python -m ddlcourse", *argv]
+    try:
+        runpy.run_module("ddlcourse", run_name="__main__", alter_sys=True)
+        rc = 0
+    except SystemExit as e:            # its last line is sys.exit(main())
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    from mpi4py import MPI  # lazy: MPI starts only where a launcher runs this command
     r = MPI.COMM_WORLD.Get_rank()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         peak = max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))

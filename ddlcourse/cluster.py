@@ -30,6 +30,9 @@ interface so that engines on other nodes reach it, ``srun`` ends the whole step 
 seconds instead of a hang, and cleanup signals only processes of this host; engines on other nodes are
 stopped through their launcher (``srun``/``mpiexec``) and, if that is gone, by cancelling the Slurm steps
 the cluster started (``scancel JOB.STEP``).
+
+How the ranks are launched lives in :mod:`ddlcourse.launch`; the record of what a cluster started, and the
+clean-up from it, in :mod:`ddlcourse.processes`. Their names are re-exported here (``cluster.launch_command``).
 """
 from __future__ import annotations
 
@@ -38,8 +41,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,354 +50,24 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cloudpickle
+import ipyparallel as ipp
+import torch
+from ipyparallel.serialize import canning
 from ipyparallel.serialize.canning import CannedObject
+from IPython import get_ipython
 
-from ddlcourse import checks
+from ddlcourse import dist
+# How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
+# started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
+from ddlcourse.launch import (ClusterError, allocation_has_gpus, allocation_nodes, allocation_tasks,  # noqa: F401
+                              available_cores, default_n, find_mpiexec, in_slurm_allocation, launch_command,
+                              may_span_hosts, mpiexec_flavor)
+from ddlcourse.processes import (ENGINE_NAMES, alive as _alive, find_processes,  # noqa: F401
+                                 kill_recorded as _kill_recorded, recorded_clusters, runtime_dir,
+                                 slurm_steps as _slurm_steps, stop_all, this_host as _this_host)
 
 DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
-ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ipyparallel.controller",
-                "hydra_pmi_proxy", "mpiexec")
-
-
-class ClusterError(RuntimeError):
-    """A cluster could not be started or used."""
-
-
-# --------------------------------------------------------------------------- discovery
-def runtime_dir() -> Path:
-    """Where running clusters are recorded (``$DDLCOURSE_RUNTIME_DIR`` or ``~/.cache/ddlcourse/clusters``)."""
-    d = os.environ.get("DDLCOURSE_RUNTIME_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ddlcourse", "clusters")
-    p = Path(d)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def in_slurm_allocation() -> bool:
-    """True inside ``salloc``/``sbatch`` (a job id and a task count are set)."""
-    return bool(os.environ.get("SLURM_JOB_ID")) and bool(
-        os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS"))
-
-
-def find_mpiexec() -> str:
-    """The ``mpiexec`` to launch with.
-
-    Order: ``$DDLCOURSE_MPIEXEC``; the one beside this Python (the course venv's mpich wheel);
-    the first on ``PATH`` (a cluster's module-loaded MPI).
-    """
-    explicit = os.environ.get("DDLCOURSE_MPIEXEC")
-    if explicit:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise ClusterError(f"$DDLCOURSE_MPIEXEC={explicit!r} is not an executable file")
-        return explicit
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    on_path = shutil.which("mpiexec")
-    if on_path:
-        return on_path
-    raise ClusterError(
-        "no mpiexec found: not beside this Python and not on PATH. Run 'make setup' (the course venv "
-        "ships MPICH), 'module load' your site's MPI, or set DDLCOURSE_MPIEXEC.")
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def allocation_tasks() -> int | None:
-    """Tasks of this Slurm allocation (``SLURM_NTASKS``, inside a step ``SLURM_STEP_NUM_TASKS``), else None."""
-    if not os.environ.get("SLURM_JOB_ID"):
-        return None
-    for var in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS"):
-        v = os.environ.get(var, "").strip()
-        if v.isdigit():
-            return int(v)
-    return None
-
-
-def allocation_nodes() -> int:
-    """Nodes of this Slurm allocation (``SLURM_JOB_NUM_NODES``), 1 outside one."""
-    v = (os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "").strip()
-    return int(v) if in_slurm_allocation() and v.isdigit() else 1
-
-
-def default_n() -> int:
-    """Number of engines when none is given: the Slurm task count in an allocation, else 2."""
-    if in_slurm_allocation():
-        return allocation_tasks() or 1
-    return 2
-
-
-def may_span_hosts(launcher: str) -> bool:
-    """Whether engines started by ``launcher`` may run on other hosts than the controller.
-
-    ``srun`` always may; ``mpiexec`` does inside a Slurm allocation of several nodes (MPICH's Hydra and
-    Open MPI read the node list and start ranks there) or with a host file (``$HYDRA_HOST_FILE``,
-    ``$PBS_NODEFILE``). ``$DDLCOURSE_MULTI_HOST=1`` says so for any other set-up.
-    """
-    if os.environ.get("DDLCOURSE_MULTI_HOST", "") not in ("", "0"):
-        return True
-    if launcher == "srun":
-        return True
-    return allocation_nodes() > 1 or bool(os.environ.get("HYDRA_HOST_FILE") or os.environ.get("PBS_NODEFILE"))
-
-
-def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
-                   mpiexec: str | None = None) -> tuple[str, list[str], list[str]]:
-    """Decide how to launch ``n`` ranks: ``(launcher, mpi_cmd, mpi_args)``.
-
-    ``launcher`` is ``"mpiexec"`` (the venv's or site's MPI), ``"srun"`` (Slurm), or ``"auto"``:
-    ``srun`` inside a Slurm allocation when it is on PATH, else ``mpiexec``.
-    """
-    if launcher == "auto":
-        launcher = "srun" if in_slurm_allocation() and shutil.which("srun") else "mpiexec"
-    threads = str(threads_per_rank)
-    if launcher == "srun":
-        srun = shutil.which("srun")
-        if not srun:
-            raise ClusterError("launcher='srun' but srun is not on PATH (are you on a Slurm login/compute node?)")
-        # --cpus-per-task spreads the threads; the PMI plugin must match the MPI mpi4py was built with.
-        # --kill-on-bad-exit: one dead engine breaks the MPI world, so end the whole step at once (on every
-        # node) rather than leave the others waiting in a collective.
-        # --overlap: the engines' step shares its nodes' CPUs and GPUs with later steps of the allocation (a
-        # second cluster, a Horovod timeline job); without it those steps wait until the engines stop.
-        args = ["--overlap", "--cpu-bind=none", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1",
-                f"--export=ALL,OMP_NUM_THREADS={threads},DDLCOURSE_THREADS={threads}"]
-        if allocation_has_gpus():
-            args.append("--gpu-bind=none")        # every rank sees its node's GPUs; dist maps local rank -> GPU
-        plugin = _srun_mpi()
-        if plugin:
-            args.append(f"--mpi={plugin}")
-        return "srun", [srun], args
-    if launcher == "mpiexec":
-        exe = mpiexec or find_mpiexec()
-        env = {"OMP_NUM_THREADS": threads, "DDLCOURSE_THREADS": threads}
-        if mpiexec_flavor(exe) == "openmpi":
-            args = ["--bind-to", "none"] + [a for k, v in env.items() for a in ("-x", f"{k}={v}")]
-        else:                                     # MPICH's Hydra (the venv's), Intel MPI, MVAPICH2
-            args = ["-bind-to", "none"] + [a for k, v in env.items() for a in ("-genv", k, v)]
-        return "mpiexec", [exe], args
-    raise ClusterError(f"unknown launcher {launcher!r}; use 'auto', 'mpiexec' or 'srun'")
-
-
-def allocation_has_gpus() -> bool:
-    """Whether this Slurm allocation holds GPUs (Slurm sets these variables when it gives GRES)."""
-    return any(os.environ.get(v, "").strip() not in ("", "0")
-               for v in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_NODE"))
-
-
-_FLAVORS: dict[str, str] = {}
-
-
-def mpiexec_flavor(exe: str) -> str:
-    """``"openmpi"``, ``"mpich"`` (Hydra: MPICH, Intel MPI, MVAPICH2) or ``"unknown"``: their flags differ.
-
-    From the name the launcher links to (``mpiexec.hydra``, ``orterun``/``prterun``), else ``--version``."""
-    if exe not in _FLAVORS:
-        real = os.path.basename(os.path.realpath(exe))
-        if real in ("orterun", "prterun", "prte", "mpirun.openmpi"):
-            _FLAVORS[exe] = "openmpi"
-        elif "hydra" in real or real == "mpiexec.mpich":
-            _FLAVORS[exe] = "mpich"
-        else:
-            try:
-                out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=5).stdout
-            except (OSError, subprocess.SubprocessError):
-                out = ""
-            _FLAVORS[exe] = ("openmpi" if any(w in out for w in ("Open MPI", "OpenRTE", "PRRTE")) else
-                             "mpich" if any(w in out for w in ("HYDRA", "MPICH", "Intel(R) MPI")) else "unknown")
-    return _FLAVORS[exe]
-
-
-_SRUN_MPI: dict = {}
-
-
-def _srun_mpi() -> str | None:
-    """srun's ``--mpi`` plugin: ``$DDLCOURSE_SRUN_MPI``, else the one matching mpi4py's MPI (asked once).
-
-    Without it, srun uses the site's ``MpiDefault`` (often ``none``): every engine is then an MPI world of
-    its own. A notebook started inside ``salloc`` has no template to set the variable for it.
-    """
-    if os.environ.get("DDLCOURSE_SRUN_MPI", "").strip():
-        return os.environ["DDLCOURSE_SRUN_MPI"].strip()
-    if "plugin" not in _SRUN_MPI:
-        try:
-            _SRUN_MPI["plugin"] = checks.srun_mpi_plugin()[0]
-        except Exception as e:  # no mpi4py here: leave the choice to the site's MpiDefault
-            warnings.warn(f"could not tell which srun --mpi plugin mpi4py needs ({e}); using the site's "
-                          "default. Set DDLCOURSE_SRUN_MPI (see env/slurm/README.md).", stacklevel=3)
-            _SRUN_MPI["plugin"] = None
-    return _SRUN_MPI["plugin"]
-
-
-# --------------------------------------------------------------------------- process bookkeeping
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie still answers kill(0); treat it as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _this_host() -> str:
-    return socket.gethostname()
-
-
-def _split_engines(state: dict) -> tuple[list[int], list[tuple[str, int]]]:
-    """``(pids of engines on this host, [(host, pid)] of engines on other hosts)`` from a state file."""
-    pids = [p for p in state.get("engine_pids", []) or []]
-    hosts = state.get("engine_hosts")
-    if not isinstance(hosts, list) or len(hosts) != len(pids):  # a record without hosts: one host, the recorder's
-        hosts = [state.get("host") or _this_host()] * len(pids)
-    here = _this_host()
-    return ([p for p, h in zip(pids, hosts) if p and h == here],
-            [(h, p) for p, h in zip(pids, hosts) if p and h != here])
-
-
-def _slurm_steps(job: str) -> dict[str, str]:
-    """``{step id "JOB.STEP": step name}`` of the running steps of Slurm job ``job`` ({} without Slurm)."""
-    if not (job and shutil.which("squeue")):
-        return {}
-    try:
-        p = subprocess.run(["squeue", "-h", "-s", "-j", str(job), "-o", "%i %j"], capture_output=True,
-                           text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    steps = {}
-    for line in p.stdout.splitlines() if p.returncode == 0 else []:
-        step, _, name = line.strip().partition(" ")
-        if step.startswith(f"{job}."):
-            steps[step] = name
-    return steps
-
-
-def _cancel_steps(state: dict) -> list[str]:
-    """``scancel`` the Slurm steps that launched the engines, where they still run; returns those cancelled.
-
-    Engines on other nodes are not this host's processes: Slurm stops them, on every node of the step.
-    """
-    job, steps = state.get("slurm_job"), state.get("slurm_steps") or []
-    running = _slurm_steps(job) if steps else {}
-    alive = [s for s in steps if s in running]
-    if alive and shutil.which("scancel"):
-        try:
-            subprocess.run(["scancel", "--quiet", *alive], capture_output=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        deadline = time.time() + 15
-        while time.time() < deadline and set(alive) & set(_slurm_steps(job)):
-            time.sleep(0.2)
-    return alive
-
-
-def _kill_recorded(state: dict, grace: float = 2.0) -> bool:
-    """Terminate everything a state file records: engines, launcher process groups, controller.
-
-    Only processes of this host are signalled by PID; a PID recorded on another node names some other
-    process here. Engines elsewhere end with their launcher (``srun`` forwards the signal to every task,
-    ``mpiexec`` to its proxies) and, if it is gone or they outlive it, with ``scancel`` of the Slurm steps
-    the cluster started. Returns False when the record belongs to another host and nothing could be done
-    from here (no Slurm step to cancel): the caller should leave it for a run on that host.
-    """
-    here = _this_host()
-    recorded_on = state.get("host") or here
-    if recorded_on != here:
-        # launcher, controller and "local" engines all live on the host that wrote the record
-        cancelled = _cancel_steps(state)
-        return bool(cancelled)
-    pids, _ = _split_engines(state)  # engines elsewhere: through their launcher, or scancel below
-    groups = [p for p in (state.get("launcher_pids", []) + [state.get("controller_pid")]) if p]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pgid in groups:
-            try:
-                os.killpg(pgid, sig)  # launchers run in their own session: the group holds mpiexec & proxies
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(pgid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.time() + grace
-        while time.time() < deadline and any(_alive(p) for p in pids + groups):
-            time.sleep(0.05)
-        if not any(_alive(p) for p in pids + groups):
-            break
-    _cancel_steps(state)  # remote engines whose launcher could not take them down
-    profile = state.get("profile_dir")
-    if profile and state.get("owns_profile_dir"):
-        shutil.rmtree(profile, ignore_errors=True)
-    return True
-
-
-def recorded_clusters(directory: Path | str | None = None) -> list[tuple[Path, dict]]:
-    d = Path(directory) if directory else runtime_dir()
-    out = []
-    for f in sorted(d.glob("cluster-*.json")):
-        try:
-            out.append((f, json.loads(f.read_text())))
-        except (OSError, json.JSONDecodeError):
-            out.append((f, {}))
-    return out
-
-
-def stop_all(directory: Path | str | None = None, only_orphans: bool = False) -> int:
-    """Stop every cluster recorded in ``directory`` (default :func:`runtime_dir`). Returns how many.
-
-    ``only_orphans=True`` keeps clusters whose starting process is still alive.
-    """
-    n = 0
-    here = _this_host()
-    for f, state in recorded_clusters(directory):
-        foreign = (state.get("host") or here) != here   # a shared home: recorded on another node
-        if only_orphans and (foreign or state.get("parent_pid") and _alive(state["parent_pid"])):
-            continue  # whether a process of another host is alive cannot be told from here
-        if not _kill_recorded(state):
-            continue
-        f.unlink(missing_ok=True)
-        n += 1
-    return n
-
-
-def find_processes(marker_var: str = "DDLCOURSE_TEST_RUN", marker: str | None = None,
-                   names: tuple[str, ...] = ENGINE_NAMES) -> list[tuple[int, str]]:
-    """Processes of this user whose command line names an engine/controller/MPI launcher.
-
-    With ``marker``, only those whose environment has ``marker_var=marker`` (a test run's tag).
-    """
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            if not cmd or not any(name in cmd for name in names):
-                continue
-            if marker is not None:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                if f"{marker_var}={marker}".encode() not in env:
-                    continue
-            found.append((int(entry), cmd))
-        except OSError:
-            continue
-    return found
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -419,7 +90,6 @@ HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
 
 
 def _describe_engine() -> dict:  # runs on an engine
-    from ddlcourse import dist
     return dist.describe()
 
 
@@ -480,8 +150,6 @@ class MPICluster:
         return self._cluster is not None
 
     def start(self) -> "MPICluster":
-        import ipyparallel as ipp
-
         if self.running:
             return self
         send_notebook_classes_by_value()
@@ -607,10 +275,6 @@ class MPICluster:
         self._configure_px()
 
     def _configure_px(self) -> None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
         ip = get_ipython()
         if ip is None:
             return
@@ -817,11 +481,9 @@ class CannedByValue(CannedObject):
     At module level: the engines unpickle it by this name."""
 
     def __init__(self, cls):
-        import cloudpickle
         self.data, self.buffers = cloudpickle.dumps(cls), []
 
     def get_object(self, g=None):
-        import cloudpickle
         return cloudpickle.loads(self.data)
 
 
@@ -832,9 +494,6 @@ def send_notebook_classes_by_value() -> None:
     their globals (``tdist``) up in the engine's namespace, where the notebook's imports are missing, and an
     autograd Function (its own metaclass) is pickled by name, which the engines cannot find. Such classes go by
     value, with cloudpickle; every other object as before. Called by :meth:`MPICluster.start`."""
-    import torch                                       # the notebook has it already: its classes subclass it
-    from ipyparallel.serialize import canning
-
     if getattr(canning, "_ddlcourse_by_value", False):
         return
     default = canning.can_map.get(type, canning.can_class)

@@ -26,11 +26,14 @@ import functools
 import time
 
 import numpy as np
+import torch
+
+from ddlcourse import dist
 
 
 def _comm(comm=None):
     if comm is None:
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         return MPI.COMM_WORLD
     return comm
 
@@ -78,7 +81,7 @@ def ping_pong(nbytes: int, reps: int = 20, comm=None) -> float | None:
 # --------------------------------------------------------------------------- the standard collectives
 def collectives_tour(comm=None) -> dict:
     """Broadcast, reduce, allgather and allreduce of small arrays; rank r contributes ``r + 1``."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = _comm(comm)
     r = comm.Get_rank()
@@ -111,7 +114,6 @@ def _host_buffer(allreduce):
     def wrapper(buf, comm=None):
         if isinstance(buf, np.ndarray):
             return allreduce(buf, comm)
-        import torch
 
         if not torch.is_tensor(buf):
             raise TypeError(f"{allreduce.__name__} needs a NumPy array or a torch tensor, got {type(buf).__name__}")
@@ -207,7 +209,7 @@ def recursive_doubling_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
 @_host_buffer
 def reduce_bcast_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """The naive allreduce: ``Reduce`` to rank 0, then ``Bcast``; rank 0's link carries everything."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = _comm(comm)
     out = np.empty_like(buf)
@@ -221,7 +223,7 @@ def reduce_bcast_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
 @_host_buffer
 def mpi_allreduce(buf: np.ndarray, comm=None) -> np.ndarray:
     """The library's ``MPI.Allreduce`` (in place), the reference the others are measured against."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     _comm(comm).Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     return buf
@@ -252,7 +254,7 @@ def check_against_mpi(algorithm: str, nelem: int = 1000, dtype=np.float64, seed:
 
 
 def _max_op():
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     return MPI.MAX
 
 
@@ -336,7 +338,7 @@ def fit_alpha_beta(sizes_bytes, seconds) -> tuple[float, float]:
 def plot_sweep(sizes_bytes, results: dict, world_size: int, fit: dict | None = None, axes=None):
     """Left: time per allreduce against message size (log-log), with fitted alpha-beta lines.
     Right: bus bandwidth against message size."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
@@ -368,7 +370,7 @@ def fusion_demo(n_tensors: int, nelem: int, reps: int = 5, comm=None) -> dict:
     One by one pays the latency alpha ``n_tensors`` times; fused pays it once. This is what DDP's
     gradient buckets and Horovod's tensor fusion buy.
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = _comm(comm)
     tensors = [np.ones(nelem, dtype=np.float32) for _ in range(n_tensors)]
@@ -402,8 +404,6 @@ def fusion_demo(n_tensors: int, nelem: int, reps: int = 5, comm=None) -> dict:
 
 def sweep_on(n_ranks: int, sizes_bytes, algorithms=("ring", "mpi"), reps: int = 10) -> dict | None:
     """:func:`sweep` on the first ``n_ranks`` ranks of the world (None on the others). Collective."""
-    from ddlcourse import dist
-
     comm, _ = dist.subgroup(n_ranks)
     if comm is None:
         return None

@@ -19,22 +19,32 @@ Measurements (never asserted, only printed and plotted):
 * :func:`time_loader`, :func:`time_step`, :func:`time_loader_and_step`, :func:`input_bound_report`:
   does a training step wait for data?
 * :func:`measure_loader_settings`: DataLoader ``num_workers``, ``prefetch_factor``, ``pin_memory``.
-* :func:`make_contention_files` and :func:`read_contention`: many ranks reading one file at once,
-  against each rank reading its own file.
+
+Many ranks reading one file at once, against each rank reading its own file, is measured by
+:mod:`ddlcourse.storage` (its names are re-exported here, where notebook 27 first used them).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader
 
+from ddlcourse import dist
+from ddlcourse.data import toy
+from ddlcourse.data.cache import cache_root
 from ddlcourse.device import now
+from ddlcourse.storage import (PATTERNS, format_contention, make_contention_files, plot_contention,  # noqa: F401
+                               read_contention)
 
 FORMAT = "ddlcourse-shards/1"
 INDEX = "index.json"
@@ -169,8 +179,6 @@ def from_arrays(arrays: dict, directory: str | os.PathLike, samples_per_shard: i
     Entries that are not per-sample arrays (scalars such as a timing, or arrays of another length) are left
     out; the index lists the keys that were kept.
     """
-    import collections
-
     arrs = {k: np.asarray(v) for k, v in arrays.items()}
     lengths = collections.Counter(len(v) for v in arrs.values() if v.ndim >= 1)
     if not lengths:
@@ -182,7 +190,6 @@ def from_arrays(arrays: dict, directory: str | os.PathLike, samples_per_shard: i
 
 def shapes_chunks(n: int, chunk: int = 256, size: int = 16, seed: int = 0):
     """A generator of ``(X, y)`` chunks of :func:`ddlcourse.data.toy.shapes` (chunk ``k`` seeded ``seed + k``)."""
-    from ddlcourse.data import toy
     for k, start in enumerate(range(0, n, chunk)):
         X, y = toy.shapes(min(chunk, n - start), size=size, seed=seed + k)  # X: (chunk, 1, size, size)
         yield X.numpy(), y.numpy()
@@ -310,7 +317,6 @@ def shard_ids(index: dict, indices) -> set[int]:
 
 def rank_share(directory: str | os.PathLike) -> dict:
     """Run on every MPI rank: which samples and shards this rank reads (its dataset opens nothing else)."""
-    from ddlcourse import dist
     ds = ShardedArrayDataset(directory, dist.rank(), dist.world_size())
     arrays = ds.arrays()               # all of this rank's samples: one contiguous read per shard it overlaps
     return {"rank": ds.rank, "start": ds.start, "stop": ds.stop, "my_shards": ds.my_shards,
@@ -321,9 +327,6 @@ def rank_share(directory: str | os.PathLike) -> dict:
 def scratch_dir(name: str) -> Path:
     """A fresh folder under the data cache (``$DDLCOURSE_DATA_DIR``): point that at node-local disk or the
     parallel file system on a cluster to measure either."""
-    import tempfile
-
-    from ddlcourse.data.cache import cache_root
     root = cache_root() / "scratch"
     root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
@@ -449,9 +452,6 @@ def measure_loader_settings(dataset, step: Callable | None, batch_size: int, set
     (loader + ``step``). ``pin_memory=True`` only matters with an accelerator; without one it is skipped
     (recorded with ``skipped``), because torch ignores it on CPU.
     """
-    import torch
-    from torch.utils.data import DataLoader
-
     has_accel = torch.cuda.is_available()
     out = []
     for s in settings:
@@ -487,7 +487,7 @@ def format_settings(records: list[dict]) -> str:
 
 
 def plot_settings(records: list[dict], ax=None):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     rows = [r for r in records if "skipped" not in r]
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 2.6))
@@ -499,118 +499,4 @@ def plot_settings(records: list[dict], ax=None):
     ax.set_xlabel("samples / s")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    return ax
-
-
-# --------------------------------------------------------------------------- many ranks, one file
-PATTERNS = ("one_file_whole", "one_file_slices", "own_files")
-
-
-def make_contention_files(directory: str | os.PathLike, max_ranks: int, mb_per_rank: float) -> Path:
-    """A shared file of ``max_ranks`` slices of ``mb_per_rank`` MB, and one file of that size per rank."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    nbytes = int(mb_per_rank * 2**20)
-    rng = np.random.default_rng(0)
-    block = rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes()  # incompressible
-    def write(path, copies):
-        with open(path, "wb") as f:
-            for _ in range(copies):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())  # written back to storage: only clean pages can be dropped from the cache
-    write(d / "shared.bin", max_ranks)
-    for r in range(max_ranks):
-        write(d / f"rank-{r:03d}.bin", 1)
-    return d
-
-
-def _drop_cache(path: Path) -> None:
-    """Ask the kernel to forget this file's cached pages, so the next read comes from storage."""
-    if hasattr(os, "posix_fadvise"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _read(path: Path, offset: int, nbytes: int, block: int = 4 << 20) -> int:
-    buf = bytearray(block)
-    done = 0
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        while done < nbytes:
-            n = f.readinto(memoryview(buf)[: min(block, nbytes - done)])
-            if not n:
-                break
-            done += n
-    return done
-
-
-def read_contention(directory: str | os.PathLike, pattern: str, k: int, cold: bool = True, repeats: int = 2):
-    """Run on every MPI rank: the first ``k`` ranks read at once with ``pattern``; rank 0 returns a record.
-
-    Patterns: ``one_file_whole`` (every rank reads all of ``shared.bin``: the naive "load everything, keep
-    my part"), ``one_file_slices`` (each rank reads its own slice of ``shared.bin``), ``own_files`` (each rank
-    reads its own file). ``cold`` drops the files from the page cache first (``posix_fadvise``), so reads hit
-    storage. The record holds the slowest rank's time (the median of ``repeats``), bytes read, and bandwidth.
-    """
-    from mpi4py import MPI
-
-    from ddlcourse import dist
-
-    if pattern not in PATTERNS:
-        raise ValueError(f"unknown pattern {pattern!r}; use one of {PATTERNS}")
-    comm, _ = dist.subgroup(k)
-    if comm is None:
-        return None
-    r = comm.Get_rank()
-    d = Path(directory)
-    slice_bytes = (d / "rank-000.bin").stat().st_size
-    if pattern == "own_files":
-        path, offset, nbytes = d / f"rank-{r:03d}.bin", 0, slice_bytes
-    elif pattern == "one_file_slices":
-        path, offset, nbytes = d / "shared.bin", r * slice_bytes, slice_bytes
-    else:
-        path, offset, nbytes = d / "shared.bin", 0, k * slice_bytes  # the whole data set of k ranks
-    times = []
-    for _ in range(repeats):
-        if cold:
-            _drop_cache(path)
-        comm.Barrier()
-        t0 = time.perf_counter()
-        got = _read(path, offset, nbytes)
-        dt = time.perf_counter() - t0
-        times.append(comm.allreduce(dt, op=MPI.MAX))  # the slowest rank sets the pace
-        comm.Barrier()
-    t = float(np.median(times))
-    total = comm.allreduce(got)
-    if r != 0:
-        return None
-    return {"pattern": pattern, "ranks": k, "seconds": t, "bytes_total": total, "useful_bytes": k * slice_bytes,
-            "MB_per_s": total / t / 2**20, "useful_MB_per_s": k * slice_bytes / t / 2**20}
-
-
-def format_contention(records: list[dict]) -> str:
-    lines = [f"{'pattern':<16} {'ranks':>5} {'slowest rank s':>14} {'MB read':>8} {'MB/s read':>10} {'useful MB/s':>11}"]
-    for r in records:
-        lines.append(f"{r['pattern']:<16} {r['ranks']:>5} {r['seconds']:>14.4f} {r['bytes_total'] / 2**20:>8.0f} "
-                     f"{r['MB_per_s']:>10.0f} {r['useful_MB_per_s']:>11.0f}")
-    return "\n".join(lines)
-
-
-def plot_contention(records: list[dict], ax=None):
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.2, 3.0))
-    for p in PATTERNS:
-        rows = sorted((r for r in records if r["pattern"] == p), key=lambda r: r["ranks"])
-        if rows:
-            ax.plot([r["ranks"] for r in rows], [r["useful_MB_per_s"] for r in rows], "o-", label=p)
-    ax.set_xlabel("ranks reading at once")
-    ax.set_ylabel("useful MB/s (all ranks)")
-    ax.set_xticks(sorted({r["ranks"] for r in records}))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     return ax

@@ -20,6 +20,9 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as tdist
+
+from ddlcourse import dist
 
 
 def rank_device(device=None) -> torch.device:
@@ -30,9 +33,6 @@ def rank_device(device=None) -> torch.device:
     """
     if device is not None:
         return torch.device(device)
-    import torch.distributed as tdist
-
-    from ddlcourse import dist
 
     if tdist.is_available() and tdist.is_initialized():
         return torch.device(dist.init(horovod=False).device)

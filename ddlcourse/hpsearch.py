@@ -22,6 +22,14 @@ from concurrent.futures import as_completed
 from functools import lru_cache
 
 import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ddlcourse.data import toy
+from ddlcourse.device import now, rank_device
+from ddlcourse.models.small import MLP
+from ddlcourse.optim import with_warmup
 
 # name -> (kind, args). kinds: "log" (log-uniform low..high), "uniform" (low..high), "choice" (values)
 SPACE = {
@@ -69,7 +77,6 @@ def grid_configs(lrs, batch_sizes, momentum: float = 0.0, warmup: int = 0) -> li
 # --------------------------------------------------------------------------- one trial
 @lru_cache(maxsize=4)
 def _data(n_train: int, n_val: int, dim: int, n_classes: int, data_seed: int):
-    from ddlcourse.data import toy
     X, y = toy.teacher_classification(n_train + n_val, dim=dim, n_classes=n_classes, seed=data_seed)
     return X[:n_train], y[:n_train], X[n_train:], y[n_train:]   # (n, dim), (n,)
 
@@ -81,13 +88,6 @@ def train_trial(config: dict, budget: int, task: dict | None = None, device=None
     seeded by the trial id, so a trial's result does not depend on which engine runs it. The trial runs on
     ``device`` (default: the rank's, :func:`ddlcourse.device.rank_device`).
     """
-    import torch
-    from torch import nn
-
-    from ddlcourse.device import now, rank_device
-    from ddlcourse.models.small import MLP
-    from ddlcourse.optim import with_warmup
-
     device = rank_device(device)
     t0 = now(device)
     task = {**TASK, **(task or {})}
@@ -134,7 +134,6 @@ def warm_up(task: dict | None = None) -> bool:
 
 # --------------------------------------------------------------------------- farming trials out
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
     return tqdm(total=total, desc=desc, disable=not enabled, leave=True, mininterval=0.5)
 
 
@@ -284,7 +283,7 @@ def scaling_exponent(results: list[dict]) -> float:
 # --------------------------------------------------------------------------- plots
 def plot_search(results: list[dict], ax=None, title: str = ""):
     """Validation loss against lr, coloured by batch size (diverged trials at the top, marked x)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if ax is None:
         _, ax = plt.subplots(figsize=(4.6, 3.2))
     finite = [r["val_loss"] for r in results if math.isfinite(r["val_loss"])]
@@ -310,7 +309,7 @@ def plot_search(results: list[dict], ax=None, title: str = ""):
 
 def plot_rungs(rungs: list[list[dict]], ax=None, title: str = "successive halving"):
     """Each configuration's validation loss against budget; survivors continue to the right."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if ax is None:
         _, ax = plt.subplots(figsize=(4.6, 3.2))
     by_trial: dict[int, list[tuple[int, float]]] = {}
@@ -330,7 +329,7 @@ def plot_rungs(rungs: list[list[dict]], ax=None, title: str = "successive halvin
 
 def plot_timeline(results: list[dict], ax=None, title: str = ""):
     """Which engine ran which trial when: a bar per trial on its engine's row."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 1.8))
     engines = sorted({r["engine"] for r in results})

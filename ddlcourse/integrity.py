@@ -34,12 +34,12 @@ import torch.distributed as tdist
 from torch import nn
 from torch.nn import functional as F
 
-from ddlcourse import losses as L
-from ddlcourse import sharding
+from ddlcourse import dist, losses as L, sharding
 from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
-from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
 from ddlcourse.optim import scaled_lr, warmup_factor
+from ddlcourse.parallel.data_parallel import average_gradients, broadcast_parameters
+from ddlcourse.parallel.syncbn import convert_sync_batchnorm
 
 MISTAKES = {
     "none": "correct: sharded sampler, global-mean loss, averaged gradients",
@@ -94,7 +94,6 @@ def build_model(cfg: IntegrityConfig, sync_group=None, sync: bool = False, devic
     layers += [nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.n_classes)]
     model = nn.Sequential(*layers).to(device=rank_device(device), dtype=getattr(torch, cfg.dtype))
     if cfg.batchnorm and sync:
-        from ddlcourse.parallel.syncbn import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, group=sync_group)
     return model
 
@@ -206,8 +205,6 @@ def serial(mistake: str = "none", device=None, **overrides) -> list[float]:
 def run(k: int, mistake: str = "none", device=None, **overrides):
     """On every engine of a cluster: train on the first ``k`` ranks (on ``device``, default the rank's,
     ``dist.init().device``); ``None`` on the others."""
-    from ddlcourse import dist
-
     dist.init(horovod=False)
     dist.set_threads(1)
     comm, group = dist.subgroup(k)
@@ -218,8 +215,6 @@ def run(k: int, mistake: str = "none", device=None, **overrides):
 
 def run_all(specs: list) -> dict | None:
     """Run several ``(label, k, mistake, overrides)`` experiments in one call; ``{label: losses}`` on rank 0."""
-    from ddlcourse import dist
-
     out = {label: run(k, mistake, **overrides) for label, k, mistake, overrides in specs}
     return out if dist.rank() == 0 else None
 
@@ -253,7 +248,7 @@ def trajectories_agree(reference, other, atol: float = 1e-4, exact_steps: int = 
 def plot_trajectories(curves: dict, ax=None, title: str | None = None, x_scale: dict | None = None,
                       xlabel: str = "step"):
     """Loss curves ``label -> losses``; ``x_scale[label]`` multiplies the x axis (e.g. samples per step)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.4, 3.2))
@@ -269,7 +264,7 @@ def plot_trajectories(curves: dict, ax=None, title: str | None = None, x_scale: 
 
 def plot_deviation(reference, curves: dict, ax=None, tol: float | None = None):
     """``|loss - reference|`` per step, log scale: a correct run sits at round-off, a mistake far above."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -315,7 +310,7 @@ def compare_runs(runs: dict, reference=1, check=None) -> dict:
 
 def plot_rel_deviation(reference, curves: dict, ax=None):
     """``|loss - reference| / reference`` per step, one line per run (log scale)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.6, 3.2))

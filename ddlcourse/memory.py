@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 from ddlcourse.device import synchronize
+from ddlcourse.models.small import MLP
 
 OPT_STATE_PER_PARAM = {"sgd": 0, "momentum": 1, "adam": 2}   # fp32 tensors of the parameter's size
 
@@ -282,7 +283,6 @@ def conv_net(in_ch: int = 1, width: int = 16, depth: int = 4, n_classes: int = 3
 
 
 def mlp(dim: int = 64, hidden: int = 256, depth: int = 4, n_classes: int = 4) -> nn.Sequential:
-    from ddlcourse.models.small import MLP
     return MLP(dim, n_classes, hidden=hidden, depth=depth)
 
 

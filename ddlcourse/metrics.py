@@ -28,7 +28,7 @@ def allreduce_sum(x, comm=None) -> np.ndarray:
     a = np.ascontiguousarray(_to_numpy(x), dtype=np.float64)
     if comm is None:
         return a
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     out = np.empty_like(a)
     comm.Allreduce(a, out, op=MPI.SUM)
     return out

@@ -25,7 +25,10 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
+
+from ddlcourse.optim import warmup_factor
 
 
 # --------------------------------------------------------------------------- gradients
@@ -38,8 +41,6 @@ def flat_grad(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn=F.cros
 
 def per_example_grads(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn=F.cross_entropy) -> torch.Tensor:
     """One gradient per sample, shape (n, n_params), with ``torch.func`` (vmap over ``grad``)."""
-    from torch.func import functional_call, grad, vmap
-
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def one(p, xi, yi):
@@ -114,8 +115,6 @@ def train_curve(make_model, X, y, Xte, yte, batch_size: int, lr: float, steps: i
     Batches walk through a fresh permutation each epoch. Stops early, marked ``diverged``, when the loss
     becomes non-finite or exceeds 10x its start.
     """
-    from ddlcourse.optim import warmup_factor
-
     torch.manual_seed(seed)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -181,7 +180,7 @@ def best_per_batch(records: list[dict]) -> dict:
 # --------------------------------------------------------------------------- plots
 def plot_sweep(records: list[dict], ax=None):
     """Final test loss over (batch size, lr); an x where training diverged."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.6, 3.2))
@@ -201,7 +200,7 @@ def plot_sweep(records: list[dict], ax=None):
 
 def plot_curves(best: dict, axes=None):
     """Test loss against steps and against samples seen, best lr per batch size."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(8.4, 3.0), sharey=True)

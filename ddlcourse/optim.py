@@ -35,11 +35,15 @@ states stay identical as long as every rank starts from the same state: broadcas
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
+import torch.distributed as tdist
 
+from ddlcourse import dist
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import now, rank_device
-
+from ddlcourse.models.small import MLP
 
 # --------------------------------------------------------------------------- learning-rate rules for large batches
 # * linear scaling (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): ``lr = base_lr * global_batch / base_batch``
@@ -96,10 +100,9 @@ __all__ = ["OPTIMIZERS", "make_optimizer", "make_optimizer_and_schedule", "scale
 
 
 def _pytorch_optimizer(name: str):
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pytorch_optimizer
+        import pytorch_optimizer  # lazy: optional, and slow to import
     return {"lars": pytorch_optimizer.LARS, "lamb": pytorch_optimizer.Lamb,
             "shampoo": pytorch_optimizer.Shampoo, "soap": pytorch_optimizer.SOAP}[name]
 
@@ -133,7 +136,6 @@ def broadcast_state(optimizer: torch.optim.Optimizer, src: int = 0, group=None) 
     Every rank must already hold the same *structure* of state (take one step, or load the same
     checkpoint), since only the tensor contents travel.
     """
-    import torch.distributed as tdist
     with torch.no_grad():
         for t in state_tensors(optimizer):
             if t.numel():
@@ -199,9 +201,6 @@ def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int 
     Model and data live on ``device`` (default: this rank's); the clock waits for it.
     Returns ``{"name", "global_batch", "lr", "losses" (per step), "seconds" (cumulative), "test_acc"}``.
     """
-    from ddlcourse.data.toy import teacher_classification
-    from ddlcourse.models.small import MLP
-
     X, y = teacher_classification(n_train, dim=dim, n_classes=4, seed=seed)
     Xt, yt = teacher_classification(1024, dim=dim, n_classes=4, seed=seed, label_noise=0.0)
     Xt, yt = Xt[-512:], yt[-512:]
@@ -232,57 +231,4 @@ def large_batch_run(name: str, global_batch: int, epochs: int = 1, n_train: int 
 
 def run_share(configs: list[dict]) -> list[dict]:
     """Run this rank's share (every world_size-th) of a list of :func:`large_batch_run` keyword sets."""
-    from ddlcourse import dist
-
     return [large_batch_run(**cfg) for cfg in configs[dist.rank()::dist.world_size()]]
-
-
-def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False, fix: bool = False,
-                      seed: int = 0, device=None) -> dict:
-    """Data-parallel training (DDP) with optimizer ``name``: do the ranks' optimizer states and parameters agree?
-
-    ``perturb``: after the first step, rank 1 scales its optimizer state (as if it had resumed from another
-    checkpoint). ``fix``: then :func:`broadcast_state` from rank 0. Runs on every rank; returns the largest
-    difference across ranks of the state tensors and of the parameters after ``steps`` steps. Model and data
-    live on ``device`` (default: the rank's, ``dist.init().device``).
-    """
-    from mpi4py import MPI
-
-    from ddlcourse import dist
-    from ddlcourse.data.toy import teacher_classification
-    from ddlcourse.models.small import MLP
-    from ddlcourse.parallel.data_parallel import unwrap, wrap
-
-    info = dist.init(horovod=False)
-    device = rank_device(device)
-    X, y = teacher_classification(256, dim=8, n_classes=4, seed=seed)
-    X, y = X.to(device), y.to(device)
-    torch.manual_seed(seed)
-    model = MLP(8, 4, hidden=16).to(device)
-    opt = make_optimizer(name, model.parameters(), lr=RECIPES[name][0])
-    model, opt = wrap(model, opt, backend="ddp")
-    for step in range(steps):
-        idx = torch.arange(step * 32, step * 32 + 32, device=device)[info.rank::info.world_size]
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
-        opt.step()
-        if step == 0 and perturb:
-            if info.rank == 1:
-                with torch.no_grad():
-                    for v in state_tensors(opt):
-                        if v.is_floating_point() and v.numel() > 1:
-                            v.mul_(3.0)
-            if fix:
-                broadcast_state(opt)
-    comm = dist._comm()
-
-    def spread(tensors):
-        # mpi4py reduces host buffers (unless the MPI is CUDA-aware): copy to the CPU first
-        flat = torch.cat([t.detach().float().flatten() for t in tensors]).cpu().numpy()
-        lo, hi = flat.copy(), flat.copy()
-        comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
-        comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
-        return float((hi - lo).max())
-
-    state = [v for v in state_tensors(opt) if v.numel() > 1]
-    return {"state_spread": spread(state), "param_spread": spread(list(unwrap(model).parameters()))}

@@ -34,10 +34,17 @@ published system, with and without overlap; the labs plot it (:func:`plot_lab_pr
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ddlcourse.models.small import SmallCNN
 
 # ----------------------------------------------------------------------------------------- parameters
 GB = 1e9
@@ -382,7 +389,7 @@ def format_sources(rows: list[dict]) -> str:
 
 def plot_validation(rows: list[dict], ax=None):
     """Predicted / published per point, held-out points filled, calibration points hollow, with the +-15% band."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if ax is None:
         _, ax = plt.subplots(figsize=(4.8, 2.8))
     ax.axvspan(0.85, 1.15, color="0.9", label="within 15%")
@@ -443,7 +450,7 @@ def format_sensitivity(rows: list[dict], metric: str = "efficiency", rel: float 
 
 def plot_sensitivity(rows: list[dict], ax=None, title: str = ""):
     """A tornado plot: the change of the prediction when each constant moves by -rel (left) and +rel (right)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if ax is None:
         _, ax = plt.subplots(figsize=(5.2, 2.8))
     y = range(len(rows))
@@ -464,7 +471,6 @@ def plot_sensitivity(rows: list[dict], ax=None, title: str = ""):
 # ----------------------------------------------------------------------------------------- calibration here
 def fit_alpha_beta(sizes_bytes, seconds, p: int = 2) -> Link:
     """Least-squares fit (in relative error) of ``t = 2(p-1) alpha + 2(p-1)/p n beta`` (ring allreduce) to measured times."""
-    import numpy as np
     n = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if n.shape != t.shape or n.size < 2:
@@ -483,8 +489,7 @@ def measure_allreduce(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), repeats: int 
 
     Returns ``{size_bytes: median seconds}``, each the slowest rank's time (what an allreduce costs the job).
     """
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     comm = MPI.COMM_WORLD
     out = {}
     for nbytes in sizes_bytes:
@@ -504,9 +509,6 @@ def measure_allreduce(sizes_bytes=(4096, 65536, 1 << 20, 4 << 20), repeats: int 
 
 def measure_compute(micro_batch: int = 16, image: int = 32, repeats: int = 3, width: int = 16) -> dict:
     """Per-sample forward + backward time of the course's SmallCNN on this CPU (one thread)."""
-    import torch
-
-    from ddlcourse.models.small import SmallCNN
     torch.manual_seed(0)
     model = SmallCNN(in_ch=1, n_classes=3, width=width)
     x = torch.randn(micro_batch, 1, image, image)  # (batch, channels, height, width)
@@ -560,7 +562,6 @@ WEAK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # GPUs of the labs' weak-scali
 
 def _meta_inputs(sample_input):
     """``sample_input`` as a tuple of meta tensors: a tensor, a tuple of tensors, or one shape (a tuple of ints)."""
-    import torch
     if isinstance(sample_input, torch.Tensor):
         items = (sample_input,)
     elif isinstance(sample_input, (tuple, list, torch.Size)) and sample_input and all(
@@ -588,10 +589,6 @@ def count_flops(model, sample_input) -> tuple[float, int]:
     are not counted (a few percent for convolutional nets). ``sample_input`` is a tensor (or tuple of tensors)
     whose first dimension is the batch, or one input shape; the count is divided by that batch.
     """
-    import copy
-
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -677,7 +674,7 @@ def format_lab_prediction(workload: Workload, pred: dict[bool, list[StepPredicti
 
 def plot_lab_prediction(pred: dict[bool, list[StepPrediction]], title: str = "", axes=None):
     """Predicted weak-scaling speedup and efficiency, with and without overlap, every curve labelled PREDICTED."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
     sizes = [r.world_size for r in pred[True]]

@@ -65,8 +65,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ddlcourse import config
+from ddlcourse import config, federated, hpsearch as hp, integrity, memory, synthetic_bench as sb
+from ddlcourse.data import maize as maize_data, seismic as seismic_data
 from ddlcourse.memory import SavedTensors
+from ddlcourse.models import maize as maize_models, seismic as seismic_models, transformer as tf
+from ddlcourse.models.driving import MultiViewNet
+from ddlcourse.models.small import MLP, SmallCNN
+from ddlcourse.models.topology import UNet
+from ddlcourse.models.transformer import expert_capacity
+from ddlcourse.parallel import model_parallel as mp, pipeline_schedules, sharded
 
 GiB = 2 ** 30
 GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
@@ -231,7 +238,6 @@ F32, I64 = 4, 8
 
 # =========================================================================== one function per section
 def _mlp(dim, n_classes, hidden, depth=2, dtype=torch.float32):
-    from ddlcourse.models.small import MLP
     return lambda: MLP(dim, n_classes, hidden=hidden, depth=depth).to(dtype)
 
 
@@ -242,7 +248,6 @@ def _sgd(s):            # notebook 01: runs in the kernel
 
 
 def _batch_size(s):     # notebook 02: runs in the kernel
-    from ddlcourse.models.small import MLP
     n_par = sum(p.numel() for p in MLP(16, 4, hidden=64).parameters())
     data = (s.n_train + s.n_test) * (16 * F32 + I64)
     per_example = s.n_train * n_par * (F32 + 8 + 8)      # per-example grads, their float64 copy, the centred copy
@@ -254,8 +259,6 @@ def _batch_size(s):     # notebook 02: runs in the kernel
 
 
 def _loss_integrity(s):
-    from ddlcourse import integrity
-
     def model(bn):
         return lambda: integrity.build_model(integrity.make_config(batchnorm=bn))
     cfg = integrity.make_config()
@@ -278,7 +281,6 @@ def _data_parallel(s):
 
 
 def _sync_batchnorm(s):
-    from ddlcourse.models.small import SmallCNN
     img = s.image_size ** 2
     data = (s.n_train + s.n_test) * (img * F32 + I64)
     stat = s.n_train * s.width * img * F32                  # the kernel's first-layer activations of all images
@@ -298,7 +300,6 @@ def _large_batch(s):
 
 
 def _scaling(s):
-    from ddlcourse import synthetic_bench as sb
     out = []
     for label, b, k in (("weak", s.batch_size, s.n_ranks), ("strong, 1 rank", s.strong_global_batch, 1)):
         out.append(Workload(label, k, lambda: sb.build_model(s.model, s.image_size, s.width),
@@ -307,7 +308,6 @@ def _scaling(s):
 
 
 def _memory(s):         # notebook 14: runs in the kernel
-    from ddlcourse import memory
     v = max(s.volume_sizes)
     return [Workload("mlp", 1, lambda: memory.mlp(s.dim, s.hidden, s.depth), _cls(s.batch, s.dim, n_classes=4),
                      optimizer="adam", on_host=True),
@@ -316,20 +316,17 @@ def _memory(s):         # notebook 14: runs in the kernel
 
 
 def _model_parallel(s):
-    from ddlcourse.parallel import model_parallel as mp
     return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
                      _cls(s.batch, 16, n_classes=4), optimizer="none", data_bytes=s.batch * (16 * F32 + I64))]
 
 
 def _pipeline(s):
-    from ddlcourse.parallel import model_parallel as mp
     return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
                      _cls(s.global_batch, 16, n_classes=4), optimizer="none",
                      data_bytes=s.global_batch * (16 * F32 + I64))]
 
 
 def _tensor_spatial_sharded(s):
-    from ddlcourse.parallel import sharded
     return [Workload("sharded: serial Adam", s.n_ranks, lambda: sharded.make_model(32, s.sharded_hidden,
                                                                                   s.sharded_depth),
                      _cls(32, 32, n_classes=4), optimizer="adam"),
@@ -337,7 +334,6 @@ def _tensor_spatial_sharded(s):
 
 
 def _federated(s):
-    from ddlcourse import federated
     data = (s.n_train + 1000) * (federated.DIM * F32 + I64)
     return [Workload("centralized", s.n_ranks, lambda: federated._model(0, 32),
                      _cls(s.batch_size, federated.DIM, n_classes=federated.N_CLASSES), optimizer="sgd",
@@ -345,14 +341,12 @@ def _federated(s):
 
 
 def _data_pipeline(s):  # notebook 27: the kernel reads every rank's share
-    from ddlcourse.models.small import SmallCNN
     data = s.n_samples * (s.image_size ** 2 * F32 + I64)
     return [Workload("kernel loop", 1, lambda: SmallCNN(1, 3, s.width), _cls(s.batch_size, 1, s.image_size,
                      s.image_size, n_classes=3), optimizer="momentum", data_bytes=data, on_host=True)]
 
 
 def _hp_search(s):
-    from ddlcourse import hpsearch as hp
     t = hp.TASK
     b = max(s.grid_batches)
     return [Workload(f"trial, batch {b}", s.n_engines, _mlp(t["dim"], t["n_classes"], t["hidden"], t["depth"]),
@@ -361,17 +355,14 @@ def _hp_search(s):
 
 
 def _perfmodel(s):
-    from ddlcourse.models.small import SmallCNN
     return [Workload("compute timing", s.n_ranks, lambda: SmallCNN(1, 3, 16),
                      _cls(s.micro_batch, 1, s.image, s.image, n_classes=3), optimizer="none",
                      data_bytes=2 * max(s.allreduce_bytes))]
 
 
 def _maize(s):
-    from ddlcourse.data import maize as data
-    from ddlcourse.models import maize as m
     n_ranks = s.n_engines
-    R = s.n_rows * s.n_slots + data.MAX_WEEDS               # plant records per image
+    R = s.n_rows * s.n_slots + maize_data.MAX_WEEDS         # plant records per image
     px = s.size ** 2
     per_img = px * (3 + 4 + 3 * F32 + 4 * F32) + R * s.crop ** 2 * (3 + 3 * F32) + R * 6 * F32
     n_chunks = s.n_train // s.chunk_size
@@ -380,16 +371,16 @@ def _maize(s):
     for k in (1, n_ranks):                                  # the 1-rank point of the strong-scaling run
         mb = gb // k
         data_b = (s.n_train // k) * per_img + (s.n_val // k) * px * (3 + 4 + 3 * F32)
-        out.append(Workload(f"segmentation, {k} rank(s)", k, lambda: m.UNet(s.width, s.depth),
-                            _dense(mb, (3, s.size, s.size), (4, s.size, s.size)), m.seg_loss, "adam", data_b))
-        out.append(Workload(f"autoencoder, {k} rank(s)", k, lambda: m.CropAutoencoder(s.latent, s.ae_width, s.crop),
+        out.append(Workload(f"segmentation, {k} rank(s)", k, lambda: maize_models.UNet(s.width, s.depth),
+                            _dense(mb, (3, s.size, s.size), (4, s.size, s.size)), maize_models.seg_loss, "adam",
+                            data_b))
+        out.append(Workload(f"autoencoder, {k} rank(s)", k,
+                            lambda: maize_models.CropAutoencoder(s.latent, s.ae_width, s.crop),
                             _dense(mb * R, (3, s.crop, s.crop), (3, s.crop, s.crop)), _mse, "adam", data_b))
     return out
 
 
 def _seismic(s):
-    from ddlcourse.models import seismic as m
-    from ddlcourse.data import seismic as data
     vol = math.prod(s.volume)
     cube = math.prod(s.cube)
     train = math.ceil(s.n_volumes / s.n_ranks) * s.cubes_per_volume * cube * (F32 + 1)
@@ -398,19 +389,20 @@ def _seismic(s):
     data_b = train + test + making
 
     def cube_model():
-        return m.cube_model(s.width, s.levels, data.N_FACIES)
+        return seismic_models.cube_model(s.width, s.levels, seismic_data.N_FACIES)
 
     def halo(model):                                        # one slab of a spatial split, zeros for the halo
         for blk in model.modules():
-            if isinstance(blk, m.ConvReLU):
-                blk._spatial = (m.ZeroHaloConv(blk.conv),)
+            if isinstance(blk, seismic_models.ConvReLU):
+                blk._spatial = (seismic_models.ZeroHaloConv(blk.conv),)
         return model
 
     d, x, y = s.cube
     sd, sx, sy = s.spatial_cube
     return [Workload("3-D, one cube", s.n_ranks, cube_model, _dense(1, (1, d, x, y), (d, x, y), torch.long),
                      optimizer="adam", data_bytes=data_b),
-            Workload("2-D sections of a cube", s.n_ranks, lambda: m.section_model(s.width, s.levels, data.N_FACIES),
+            Workload("2-D sections of a cube", s.n_ranks,
+                     lambda: seismic_models.section_model(s.width, s.levels, seismic_data.N_FACIES),
                      _dense(x, (1, d, y), (d, y), torch.long), optimizer="adam", data_bytes=data_b),
             Workload("spatial cube, spatial=2", 2, cube_model, _dense(1, (1, sd // 2, sx, sy), (sd // 2 + 2, sx, sy),
                      torch.long), loss=_halo_ce, optimizer="adam", data_bytes=data_b, prepare=halo),
@@ -424,7 +416,6 @@ def _halo_ce(out, target):
 
 
 def _topology(s):
-    from ddlcourse.models.topology import UNet
     C = 5                                                  # 2-D inputs: volfrac, f_x, f_y, fixed_x, fixed_y
     grid = s.ny * s.nx
     per = grid * (C + 1) * F32 + 16 * 8                     # inputs, target, compliance and parameters
@@ -448,7 +439,6 @@ def _topology(s):
 
 
 def _driving(s):
-    from ddlcourse.models.driving import MultiViewNet
     clip = 3 * s.frames * s.size ** 2 * 2                  # three views, float16 on the host
     out = []
     for label, k in (("main run", s.n_ranks), ("strong scaling, 1 rank", 1)):
@@ -460,7 +450,6 @@ def _driving(s):
 
 
 def _transformer(s, batch: int, seq: int, dim: int, heads: int, layers: int, experts: int = 0, top_k: int = 2):
-    from ddlcourse.models import transformer as tf
     cfg = tf.TransformerConfig(seq_len=seq, dim=dim, n_heads=heads, n_layers=layers, n_experts=experts, top_k=top_k)
 
     def tokens(device):
@@ -522,7 +511,6 @@ def _profiling(s):      # notebook 24: the profiled DDP step (the compile compar
 
 
 def _pipeline_schedules(s):  # notebook 17: every rank also builds the whole model as the serial reference
-    from ddlcourse.parallel import pipeline_schedules
     return [Workload("serial reference", s.n_ranks,
                      lambda: pipeline_schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
                      _dense(s.global_batch, (s.dim,), (s.dim,)), loss=_mse, optimizer="none",
@@ -592,7 +580,6 @@ def moe_traffic_bytes(tokens_per_rank: int, ep: int, dim: int, hidden: int, expe
     (``index_copy``), the combined rows and their gated copy, ``y``. Backward sends a gradient of the same
     size through each of them: the activations count twice. The experts themselves are small (listed apart).
     """
-    from ddlcourse.models.transformer import expert_capacity
     E = experts_per_rank * ep
     local = experts_per_rank
     cap = expert_capacity(tokens_per_rank, E, top_k, capacity_factor)

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddlcourse.parallel import context
+
 
 def _plt():
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
     return plt
 
 
 def plot_causal_layout(seq_len: int, cp: int, ax=None, layouts=("contiguous", "zigzag")):
     """The causal attention matrix, each query row coloured by the rank that owns it (white: masked)."""
-    from ddlcourse.parallel import context
-
     plt = _plt()
     if ax is None:
         _, ax = plt.subplots(1, len(layouts), figsize=(3.2 * len(layouts), 3))

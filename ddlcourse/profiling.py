@@ -33,13 +33,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch._dynamo
 import torch.distributed as tdist
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ddlcourse import dist
 from ddlcourse.device import now, rank_device, synchronize
+from ddlcourse.launch import launch_command
 from ddlcourse.models.small import MLP
 
 PHASES = ("forward", "backward", "optimizer")            # the ranges the step opens
@@ -253,7 +256,7 @@ def plot_step(results, step: int = -1, ax=None, title: str = ""):
     Drawn with :func:`ddlcourse.plots_timeline.plot_timeline` (one row per rank); the collectives, which
     run on gloo's or NCCL's own threads at the same time as the backward, are thin bars at the row's foot.
     """
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     from ddlcourse.plots_timeline import COLORS, plot_timeline
 
@@ -283,10 +286,9 @@ def horovod_timeline_job(path: str, dim: int, hidden: int, depth: int, batch: in
     fresh process, never on engines where Horovod is already up.
     """
     os.environ["HOROVOD_TIMELINE"] = str(path)      # before dist.init starts Horovod
-    from ddlcourse import dist
 
     info = dist.init(horovod=True)
-    import horovod.torch as hvd
+    import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
 
     model, x, t = build(dim, hidden, depth, batch, info.device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -304,13 +306,11 @@ def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, dep
                          steps: int = 3, timeout: float = 300.0) -> Path:
     """Start ``python -m ddlcourse.profiling horovod-timeline path`` on ``n`` ranks and wait for it.
 
-    Launched as the course's clusters are (:func:`ddlcourse.cluster.launch_command`): ``srun --overlap`` inside
+    Launched as the course's clusters are (:func:`ddlcourse.launch.launch_command`): ``srun --overlap`` inside
     a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
     (MPICH and Open MPI differ). Call it from the notebook's kernel (not from an engine: an MPI process does
     not start another MPI job cleanly). Raises with the job's output when it fails.
     """
-    from ddlcourse.cluster import launch_command
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
@@ -369,7 +369,6 @@ def compare_compile(dim: int, hidden: int, depth: int, batch: int, steps: int = 
     """
     if not tdist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call ddlcourse.dist.init() on every rank first")
-    import torch._dynamo
 
     torch._dynamo.reset()                            # a fresh compile on every call (no cached graphs)
     device = rank_device(device)

@@ -17,16 +17,19 @@ the learner's function, compares with the package's reference and names the typi
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import io
 import json
 import math
+import pkgutil
 import re
 import textwrap
 import tokenize
 from typing import Callable
 
 import numpy as np
+import torch.distributed as tdist
 
 # name -> (reference(**kwargs) -> answer, hint)
 EXERCISES: dict[str, tuple[Callable, str]] = {}
@@ -65,10 +68,7 @@ def check(name: str, answer, rtol: float = 1e-4, atol: float = 1e-8, **kwargs) -
 
 def _load_all():
     """Import every module of ``ddlcourse.exercises`` (each registers its notebook's answers)."""
-    import importlib
-    import pkgutil
-
-    import ddlcourse.exercises as pkg
+    import ddlcourse.exercises as pkg   # lazy: every exercise module imports this one, and loads half the package
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 
@@ -208,7 +208,7 @@ def agreed(v: Verdict, comm=None) -> Verdict:
     runs on every rank: wrong everywhere as soon as one rank is wrong (a mistake at the edges of a ring or a
     pipeline can leave the other ranks right). A wrong rank keeps its own message; the others say the first
     wrong rank's, as ``on rank q: ...``. Collective: every rank of ``comm`` must call it."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     every = (comm or MPI.COMM_WORLD).allgather((v.ok, v.message))
     bad = next(((q, m) for q, (ok, m) in enumerate(every) if not ok), None)
@@ -320,8 +320,6 @@ class AllReduceSpy:
         return [(dtype, nbytes) for w, dtype, nbytes in self.calls if w]
 
     def __enter__(self):
-        import torch.distributed as tdist
-
         spy, self.real = self, tdist.all_reduce
 
         class Handle:
@@ -345,6 +343,4 @@ class AllReduceSpy:
         return self
 
     def __exit__(self, *exc):
-        import torch.distributed as tdist
-
         tdist.all_reduce = self.real

@@ -135,7 +135,7 @@ def loss_grid(x, y, w_range, b_range, n: int = 80):
 
 def plot_paths(x, y, paths: dict, ax=None, span: float = 3.0, grid: int = 80, title: str | None = None):
     """Loss contours around the optimum with each ``name -> path`` drawn on top."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
@@ -154,7 +154,7 @@ def plot_paths(x, y, paths: dict, ax=None, span: float = 3.0, grid: int = 80, ti
 
 def plot_loss_curves(x, y, paths: dict, ax=None, title: str | None = None):
     """Loss (log scale) against iteration for each ``name -> path``."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.2))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 
 def _check(n: int, world_size: int, rank: int) -> None:
@@ -91,7 +92,6 @@ def distributed_sampler_indices(n: int, rank: int, world_size: int, epoch: int =
     if order is not None:
         order = np.asarray(order)
     elif shuffle:
-        import torch
         g = torch.Generator()
         g.manual_seed(seed + epoch)
         order = torch.randperm(n, generator=g).numpy()

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from ddlcourse import dist
 from ddlcourse.data import cache
 from ddlcourse.physics import simp
 
@@ -164,7 +165,6 @@ def generate_on_rank(settings: dict, use_cache: bool = True) -> dict:
     Returns a small summary (the arrays stay on the engine's disk cache): rank, samples, seconds, mean iterations,
     and how many problems SIMP solved to convergence before ``settings["maxloop"]`` stopped it.
     """
-    from ddlcourse import dist
     d = load(settings, dist.rank(), dist.world_size(), use_cache=use_cache)
     return dict(rank=dist.rank(), samples=len(d["target"]), seconds=round(d["seconds"], 2),
                 mean_iterations=float(d["n_iter"].mean()),

@@ -1,11 +1,11 @@
 """Exercises of labs/01_maize.ipynb."""
+from ddlcourse.metrics import average_precision_from_matches
 from ddlcourse.selfcheck import exercise
 
 
 @exercise("maize_ap50", "sort by score; precision after each prediction is TP so far / predictions so far; "
           "AP sums (recall step) x (best precision at that recall or beyond); recall = TP / n_gt")
 def maize_ap50(scores, tp, n_gt):
-    from ddlcourse.metrics import average_precision_from_matches
     return average_precision_from_matches(scores, tp, n_gt)
 
 

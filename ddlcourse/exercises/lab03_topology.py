@@ -1,4 +1,5 @@
 """Exercises of labs/03_topology.ipynb."""
+from ddlcourse.physics import simp
 from ddlcourse.selfcheck import exercise
 
 
@@ -7,7 +8,6 @@ from ddlcourse.selfcheck import exercise
 def topo_uniform_compliance():
     import numpy as np
 
-    from ddlcourse.physics import simp
     p = simp.mbb_beam(60, 20, 0.5)
     return simp.compliance(p, np.full(p.shape, 0.5))
 

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ddlcourse.data.driving import CAR_L, quotas
+from ddlcourse.exercises.nb15_model_parallel import P2P
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -101,7 +102,6 @@ def check_view_head(fn, **_) -> Verdict:
     for two micro-batches; the other ranks run the view encoders they own (forwards of both micro-batches sent
     to the head, then the backwards with the gradients they receive), as ``BranchParallel.step`` does. Checked
     by where each gradient goes, the returned losses and every rank's gradients against the serial model."""
-    from ddlcourse.exercises.nb15_model_parallel import P2P
     link = P2P()
     r, p = link.rank, link.world
     head_rank, owners = p - 1, _view_owners(p)

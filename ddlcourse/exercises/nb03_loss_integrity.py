@@ -5,6 +5,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import dist, losses
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
@@ -56,8 +57,6 @@ def check_global_mean_loss(fn, **_):
     """Uneven shares (5, 3, 2, 1 samples on 4 ranks): each rank's value of ``fn`` must equal
     ``losses.global_mean_loss``; their mean over the ranks is then the serial mean loss."""
     import torch
-
-    from ddlcourse import losses
 
     g = torch.Generator().manual_seed(3)
     sizes = (5, 3, 2, 1)
@@ -179,8 +178,6 @@ def _grad_run(fn, rank: int, world: int, device) -> np.ndarray:
 def check_global_mean_grad(fn, **_):
     """On every rank (shares of 2, 4, 6, ... samples): after ``fn`` every p.grad must be the serial full-batch
     gradient of the mean loss and the returned value the serial mean loss. The ranks agree on one verdict."""
-    from ddlcourse import dist
-
     info = dist.init(horovod=False)
     r, n = info.rank, info.world_size
     x, y, _, _ = _grad_problem(r, n, 1)

@@ -125,7 +125,7 @@ def _merge_same(wrong: dict, comm) -> dict:
 def check_ring_allreduce(fn, **_):
     """On every rank: ``fn(buf, comm)`` must leave in ``buf`` what ``MPI_Allreduce`` (SUM) gives, for buffers of
     several lengths (divisible by N or not, shorter than N), shapes and dtypes. The ranks agree on one verdict."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = MPI.COMM_WORLD
     r, n = comm.Get_rank(), comm.Get_size()

@@ -3,6 +3,9 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import dist
+from ddlcourse.models.small import MLP
+from ddlcourse.parallel import data_parallel as dp
 from ddlcourse.selfcheck import AllReduceSpy, Verdict, code_exercise, diagnose, exercise
 
 
@@ -41,9 +44,6 @@ def _grads_with_hook(hook, seed: int = 5):
     gradient and parameters afterwards (NumPy)."""
     import torch
 
-    from ddlcourse import dist
-    from ddlcourse.models.small import MLP
-
     torch.manual_seed(seed)                                          # the same initial model on every rank
     model = MLP(6, 3, hidden=8).to(torch.float64)
     handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
@@ -70,9 +70,6 @@ def _average_grad_hook_solution(p):
 def check_average_grad_hook(fn, **_):
     """On every rank: ``fn(p)``, registered as each parameter's post-accumulate-grad hook, must leave the same
     gradients (and parameters) as ``data_parallel.average_grad_hook``."""
-    from ddlcourse import dist
-    from ddlcourse.parallel import data_parallel as dp
-
     dist.init(horovod=False)
     ref = _grads_with_hook(dp.average_grad_hook)
     mistakes = {
@@ -276,7 +273,7 @@ def _same(a, b, tol=1e-9):
 
 
 def _agree_across_ranks(tensors) -> bool:
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     flat = torch.cat([t.flatten() for t in tensors]).cpu().numpy()
     every = MPI.COMM_WORLD.allgather(flat)
     return all(np.allclose(e, every[0], rtol=1e-12, atol=1e-12) for e in every)
@@ -294,8 +291,6 @@ def check_my_ddp(fn, **_):
     """On every rank: ``fn(module, bucket_cap_mb, group)`` wraps a 4-layer MLP (float64, 3 buckets of ~600 bytes,
     the last not full), trains 3 steps of SGD + momentum on this rank's share of a global batch of 12, and must
     end at the serial parameters; then again on a model with a head that gets no gradient."""
-    from ddlcourse import dist
-
     info = dist.init(horovod=False)
     r, n, dev = info.rank, info.world_size, info.device
     steps, gb = 3, 12

@@ -2,6 +2,7 @@
 with DDP's ``no_sync`` written by the learner (``accumulate_step``)."""
 import torch
 
+from ddlcourse import dist
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, exercise
 
 
@@ -121,8 +122,6 @@ def check_accumulate_step(fn, **_):
     batch (same device, 1e-10), the optimizer must have stepped once, and DDP must have all-reduced each of its
     buckets once (a communication hook counts them); the return value is this rank's mean loss."""
     import torch.nn.functional as F
-
-    from ddlcourse import dist
 
     info = dist.init(horovod=False)
     r, n, dev = info.rank, info.world_size, info.device

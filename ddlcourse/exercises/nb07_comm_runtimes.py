@@ -4,6 +4,7 @@ import types
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import dist
 from ddlcourse.selfcheck import AllReduceSpy, Verdict, agreed, code_exercise
 
 
@@ -182,8 +183,6 @@ def check_compress_hook(fn, **_):
     bucket compressed), 2048 (the small bucket of the last layer sent as it is) and 2**40 (none compressed). The
     gradients must match plain DDP's to within float16 rounding, every message must have the right dtype, and
     ``state.bytes_sent`` must list each message's bytes."""
-    from ddlcourse import dist
-
     info = dist.init(horovod=False)
     r, n, dev = info.rank, info.world_size, info.device
     g = torch.Generator().manual_seed(31)

@@ -8,7 +8,7 @@ from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 def hierarchical_allreduce(buf, comm, ranks_per_host):
     """The reference a learner would write: split ``comm`` into hosts of ``ranks_per_host`` ranks and their
     leaders, reduce to each leader, all-reduce among the leaders, broadcast inside each host."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     r = comm.Get_rank()
     local = comm.Split(r // ranks_per_host, key=r)                     # the ranks of my host, in rank order
     is_leader = local.Get_rank() == 0
@@ -27,7 +27,7 @@ def hierarchical_allreduce(buf, comm, ranks_per_host):
 def _hier_variant(world_allreduce=False, bcast=True, reduce=True, swapped=False):
     """The hierarchical allreduce with one typical mistake (none of them hangs)."""
     def hier(buf, comm, ranks_per_host):
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         r = comm.Get_rank()
         local = comm.Split(r, key=r // ranks_per_host) if swapped else comm.Split(r // ranks_per_host, key=r)
         is_leader = local.Get_rank() == 0
@@ -71,7 +71,7 @@ class _SplitRecorder:
         return getattr(self._comm, name)
 
     def Split(self, color=0, key=0):
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         new = self._comm.Split(color, key)
         self.groups.append(None if new == MPI.COMM_NULL else new.allgather(self._comm.Get_rank()))
         return new
@@ -85,7 +85,7 @@ def check_hierarchical(fn, **_):
     """On every rank, with hosts of N ranks, of 1 rank and of 2 ranks (3 ranks: hosts of 2 and 1): ``fn`` must give
     MPI_Allreduce's sum, and its Split calls must put rank r with the ranks of its host (r // ranks_per_host)
     and the leaders (local rank 0 of each host) together (the first Split: the host's ranks)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = MPI.COMM_WORLD
     r, n = comm.Get_rank(), comm.Get_size()

@@ -7,6 +7,7 @@ import numpy as np
 from ddlcourse.parallel.param_server import GRAD, PARAM, push_pull, traffic_model, train_ps
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
+
 # Exercise 2: traffic, counted as the bytes each process SENDS per step (the notebook's one convention).
 @exercise("ps_server_bytes", "count what the server sends per step: its updated parameters, P bytes, to each of "
           "the W workers (it receives as many gradients, but the notebook counts bytes sent)")
@@ -56,7 +57,7 @@ class _SilentComm:
         pass
 
     def Isend(self, buf, dest, tag=0):
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         return MPI.REQUEST_NULL
 
     def Get_rank(self):
@@ -90,7 +91,7 @@ def ps_push_pull(comm, grad, params, shards):
                mistakes=[(_push_params, "push the gradient"), (_no_pull, "never received"),
                          (_first_slice, "same first slice")])
 def check_push_pull(fn, **_):
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = MPI.COMM_WORLD
     # The servers wait for the workers' messages: if the learner's function cannot run, say so on every rank
@@ -274,7 +275,7 @@ def _ssp_simulated(fn, W: int) -> tuple[np.ndarray, list]:
 
 def _ssp_worker(comm) -> int:
     """A real worker: receive parameters, send back the gradient at them, until the checker says stop."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     p, st, n = np.empty(len(_ssp_start())), MPI.Status(), 0
     while True:
         comm.Recv(p, source=0, tag=MPI.ANY_TAG, status=st)
@@ -286,7 +287,7 @@ def _ssp_worker(comm) -> int:
 
 def _ssp_on_ranks(fn, comm) -> tuple[np.ndarray | None, str, list]:
     """Rank 0 serves with ``fn``, the other ranks are workers, every case; (params, error, pulls) on rank 0."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     W, outs, err, pulls = comm.Get_size() - 1, [], "", []
     for steps, s, order in _ssp_cases(W):
@@ -320,7 +321,7 @@ def check_ssp_server(fn, **_):
     """Rank 0 runs ``fn`` as the server, the other ranks are the checker's workers, on three deterministic visit
     orders: the final parameters must equal the reference's, and every worker must take exactly ``steps`` steps.
     First a dry run on simulated workers, so that a server that would wait for ever says why instead."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = MPI.COMM_WORLD
     W = comm.Get_size() - 1

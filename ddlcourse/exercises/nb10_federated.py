@@ -1,6 +1,7 @@
 """Exercises of notebooks/10_federated.ipynb."""
 import numpy as np
 
+from ddlcourse import dist, federated
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -92,7 +93,6 @@ def check_fedavg_round(fn, **_) -> Verdict:
     import torch.distributed as tdist
     from torch import nn
 
-    from ddlcourse import dist, federated
     info = dist.init(horovod=False)
     r, ws, dev = info.rank, info.world_size, info.device
     counts = _COUNTS[:ws] if ws <= len(_COUNTS) else [_COUNTS[k % len(_COUNTS)] for k in range(ws)]

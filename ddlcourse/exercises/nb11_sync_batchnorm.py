@@ -4,6 +4,8 @@ import math
 import numpy as np
 import torch
 
+from ddlcourse import dist
+from ddlcourse.parallel import syncbn
 # the learner's MySyncBatchNorm, defined in the notebook, reaches the engines by value (see nb05_data_parallel)
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
@@ -69,9 +71,6 @@ def check_syncbn_stats(fn, **_):
     ``syncbn.global_batch_stats``. Rank r holds 2 + r images (unequal shares on purpose); ``allreduce(t)`` sums
     the tensor ``t`` in place over the ranks and returns it."""
     import torch
-
-    from ddlcourse import dist
-    from ddlcourse.parallel import syncbn
 
     dist.init(horovod=False)
     r = dist.rank()
@@ -206,9 +205,6 @@ def check_syncbn_function(fn, **_):
     ``F.batch_norm`` on the images of all ranks, and the sums over the ranks of its weight and bias gradients
     the full-batch ones."""
     import torch.nn.functional as F
-
-    from ddlcourse import dist
-    from ddlcourse.parallel import syncbn
 
     dist.init(horovod=False)
     r, n = dist.rank(), dist.world_size()

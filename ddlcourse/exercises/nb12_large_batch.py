@@ -3,6 +3,7 @@ import math
 
 import torch
 
+from ddlcourse import optim
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -68,8 +69,6 @@ def _lars_no_guard(weight, grad, eta, weight_decay):
     (_lars_upside_down, "upside down"), (_lars_squared, "squared norms"), (_lars_no_guard, "never moves")])
 def check_lars_trust_ratio(fn, **_):
     """``fn(weight, grad, eta, weight_decay) -> float`` against ``optim.lars_trust_ratio`` on four layers."""
-    from ddlcourse import optim
-
     eta, wd = 0.02, 0.01
     layers = _layers()
 
@@ -126,8 +125,6 @@ def _lamb_ratio_no_guard(weight, adam_step, weight_decay):
     (_lamb_ratio_squared, "squared norms"), (_lamb_ratio_no_guard, "never moves")])
 def check_lamb_trust_ratio(fn, **_):
     """``fn(weight, adam_step, weight_decay) -> float`` against ``optim.lamb_trust_ratio`` on four layers."""
-    from ddlcourse import optim
-
     wd = 0.01
     layers = _layers()
 
@@ -178,8 +175,6 @@ def _lamb_variant(ratio_from: str = "update", guard: bool = True, decay_inside: 
                   bias_correction: bool = True, keep_state: bool = True):
     """A LAMB step with the template's signature, right by default, with one typical mistake otherwise.
     The right one takes its trust ratio from the package's ``optim.lamb_trust_ratio``."""
-    from ddlcourse import optim
-
     def step(params, grads, state, lr, betas, eps, weight_decay):
         b1, b2 = betas
         if not state or not keep_state:

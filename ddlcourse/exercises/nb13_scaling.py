@@ -1,6 +1,7 @@
 """Exercises of notebooks/13_scaling.ipynb."""
 import statistics
 
+from ddlcourse import bench
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -46,7 +47,6 @@ def my_strong_scaling(times):
 def check_strong_scaling(fn, **_) -> Verdict:
     """``fn(times) -> {N: (speedup, efficiency)}`` from ``times[N]``, the measured seconds per step of the same
     global batch on N ranks; the smallest N is the baseline. Against ``bench.scaling_table(times, "strong")``."""
-    from ddlcourse import bench
     cases = [{1: 2.0, 2: 1.1, 4: 0.6, 8: 0.4}, {2: 1.5, 4: 0.8, 8: 0.45, 16: 0.3}]
 
     def flat(f):
@@ -179,7 +179,7 @@ def check_step_timer(fn, **_) -> Verdict:
     """On every rank: ``fn(step, sync, clock, comm, warmup, repeats)`` times a fake asynchronous device on a
     simulated clock, where rank r's step takes 1 + 0.5 r seconds (the answer: the slowest rank's), the warm-up
     steps 2 s more and one repetition of rank 0 20 s more; the same verdict on every rank."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = MPI.COMM_WORLD
     err = None

@@ -2,7 +2,8 @@
 import torch
 import torch.utils.checkpoint
 
-from ddlcourse.memory import SavedTensors
+from ddlcourse import memory
+from ddlcourse.memory import OPT_STATE_PER_PARAM, SavedTensors
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
@@ -18,8 +19,6 @@ def activation_mib(channels: int, side: int, batch: int) -> float:
 
 # --------------------------------------------------------------------------- coding exercise: bytes of training state
 def _state_variant(kind: str):
-    from ddlcourse.memory import OPT_STATE_PER_PARAM
-
     def state(n_params, optimizer):
         k = OPT_STATE_PER_PARAM[optimizer]
         if kind == "no_grads":
@@ -48,7 +47,6 @@ def check_training_state_bytes(fn, **_) -> Verdict:
     ``optimizer`` in sgd, momentum, adam; against ``memory.predict`` on real models of several sizes."""
     import torch
 
-    from ddlcourse import memory
     cases = [(memory.mlp(8, h, d), opt) for h, d in ((16, 2), (64, 3)) for opt in ("sgd", "momentum", "adam")]
     x = torch.zeros(2, 8)
     ans, ref, mis = [], [], {}

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddlcourse.selfcheck import Verdict, code_exercise, exercise
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 
 @exercise("naive_idle_fraction", "one stage works at a time: each rank works 1/p of the time")
@@ -46,7 +46,7 @@ class P2P:
     """
 
     def __init__(self, timeout: float = 20.0):
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         self.comm = MPI.COMM_WORLD.Dup()          # collective: every rank creates its checker's P2P together
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout, self.log, self.problems = timeout, [], []
@@ -249,7 +249,6 @@ def check_stage_send_recv(fn, **_) -> Verdict:
     and backward across the stages; ``send(t, dst)`` sends a tensor, ``recv(buf, src)`` fills ``buf`` (which must
     have the shape sent). Checked by the messages (to whom, which shapes) and by the gradients of this rank's
     parameters against the serial model."""
-    from ddlcourse.selfcheck import diagnose
     link = P2P()
     r, p = link.rank, link.world
     gen = torch.Generator().manual_seed(99)

@@ -6,6 +6,8 @@ import copy
 import torch
 from torch import nn
 
+from ddlcourse.exercises.nb15_model_parallel import HINTS, N_CLASSES, P2P, WIDTHS, _flat_grads, _stages
+from ddlcourse.parallel.pipeline import schedule_order
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise, order_verdict
 
 
@@ -66,7 +68,6 @@ ORDER_HINTS = {
 
 
 def _order_check(ops: list[str], s: int, p: int, m: int, where: str) -> Verdict | None:
-    from ddlcourse.parallel.pipeline import schedule_order
     return order_verdict(ops, _as_ops(schedule_order("1f1b", s, p, m)), where,
                          [(_as_ops(_order_variant(kind)(s, p, m)), hint) for kind, hint in ORDER_HINTS.items()],
                          "every micro-batch needs exactly one F and one B")
@@ -210,7 +211,6 @@ class _DryRun:
 
 
 def _data(m: int):
-    from ddlcourse.exercises.nb15_model_parallel import N_CLASSES, WIDTHS
     gen = torch.Generator().manual_seed(7)
     xs = [torch.randn(ROWS[i], WIDTHS[0], generator=gen) for i in range(m)]
     ys = [torch.randint(0, N_CLASSES, (ROWS[i],), generator=gen) for i in range(m)]
@@ -220,7 +220,6 @@ def _data(m: int):
 def _rehearse(fn, s: int, p: int, m: int) -> Verdict | None:
     """The learner's executor on this rank alone (see :class:`_DryRun`): a verdict when its order or its use
     of the micro-batches is wrong, else None."""
-    from ddlcourse.exercises.nb15_model_parallel import HINTS, N_CLASSES, WIDTHS, _stages
     dims = list(WIDTHS[:p]) + [N_CLASSES]
     xs, ys = _data(m)
     fake = _DryRun(s, p, dims)
@@ -252,7 +251,6 @@ def check_pipeline_1f1b(fn, **_) -> Verdict:
     send, recv)`` runs one 1F1B step. First a rehearsal on each rank alone (nothing travels, so a wrong order
     cannot deadlock) checks the order of F and B and the pairing of gradients with micro-batches; then the real
     run over the ranks is compared with one serial step on the same micro-batches (the loss is their mean)."""
-    from ddlcourse.exercises.nb15_model_parallel import HINTS, P2P, _flat_grads, _stages
     link = P2P()
     s, p = link.rank, link.world
     rehearsal = None

@@ -2,6 +2,8 @@
 are in nb19_sharded_data_parallel."""
 import numpy as np
 
+from ddlcourse import dist
+from ddlcourse.parallel import model_parallel as mp, spatial
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
@@ -76,8 +78,6 @@ def check_halo_exchange(fn, **_) -> Verdict:
     sent. Against ``spatial.halo_exchange`` (the forward), for halos of 1 and 2 rows."""
     import torch
 
-    from ddlcourse import dist
-    from ddlcourse.parallel import model_parallel as mp, spatial
     info = dist.init(horovod=False)
     r, p = dist.rank(), dist.world_size()
     g = torch.Generator().manual_seed(11)

@@ -3,7 +3,9 @@ ZeRO-3 (FSDP) layer."""
 import numpy as np
 import torch
 
+from ddlcourse import dist
 from ddlcourse.memory import SavedTensors
+from ddlcourse.parallel import sharded
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
@@ -82,8 +84,6 @@ def check_zero1_step(fn, steps: int = 3, **_) -> Verdict:
     import torch.nn.functional as F
     from torch import nn
 
-    from ddlcourse import dist
-    from ddlcourse.parallel import sharded
     info = dist.init(horovod=False)
     r, n = tdist.get_rank(), tdist.get_world_size()
     g = torch.Generator().manual_seed(12)
@@ -390,7 +390,6 @@ def check_sharded_linear(cls, steps: int = 3, lr: float = 0.1, **_) -> Verdict:
     scatter the gradient (not all-reduce it), and keep no full weight alive after forward."""
     import torch.distributed as tdist
 
-    from ddlcourse import dist
     info = dist.init(horovod=False)
     r, n = tdist.get_rank(), tdist.get_world_size()
 

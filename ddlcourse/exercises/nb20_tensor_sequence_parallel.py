@@ -3,6 +3,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import dist
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
 
@@ -120,7 +121,6 @@ def check_tp_mlp(cls, **_) -> Verdict:
 
     import torch.distributed as tdist
 
-    from ddlcourse import dist
     info = dist.init(horovod=False)
     r, t = tdist.get_rank(), tdist.get_world_size()
     dim, k = 5, 4                                          # hidden = 4 * world: k features per rank
@@ -304,7 +304,6 @@ def check_sp_mlp(cls, **_) -> Verdict:
     fixed weighted sum of the output as the loss)."""
     import copy
 
-    from ddlcourse import dist
     info = dist.init(horovod=False)
     r, t = tdist.get_rank(), tdist.get_world_size()
     dim, k, per, batch = 6, 4, 2, 3                        # hidden = 4 * world, 2 tokens per rank

@@ -2,6 +2,7 @@
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import dist
 from ddlcourse.parallel.context import online_softmax_update as _package_update
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
@@ -168,8 +169,6 @@ def _causal(q, k, v):
 def check_ring_attention_forward(fn, **_):
     """On every rank: ``fn(q, k, v)`` on this rank's contiguous block of a causal sequence must equal full causal
     attention over the whole sequence (computed serially here), rows of this rank."""
-    from ddlcourse import dist
-
     info = dist.init(horovod=False)
     r, n, dev = tdist.get_rank(), tdist.get_world_size(), info.device
     H, T, d = 2, 4, 8

@@ -3,6 +3,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
+from ddlcourse import dist
 from ddlcourse.models.transformer import route as _route
 from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose
 
@@ -154,7 +155,7 @@ class _ExchangeError(RuntimeError):
 def _checked_all_to_all(real, world):
     """``all_to_all_single`` that first compares every rank's split sizes (over MPI) and raises the same
     :class:`_ExchangeError` on every rank when they do not fit together."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op=False):
@@ -215,8 +216,6 @@ def _run(fn, x, expert_of, per_rank, w, b, rank):
 def check_moe_dispatch_combine(fn, **_):
     """On every rank: ``fn`` on this rank's tokens (a different number on every rank, a skewed routing, so the
     splits are uneven) must give each token its own expert's output, as the serial MoE layer does."""
-    from ddlcourse import dist
-
     info = dist.init(horovod=False)
     r, n, dev = tdist.get_rank(), tdist.get_world_size(), info.device
     per_rank, d = 2, 6

@@ -177,7 +177,7 @@ def check_scaled_sgd_step(fn, **_) -> Verdict:
     """On every rank: ``fn(params, loss, state, comm, ...)`` for 12 steps, with overflows on the last rank only;
     the steps taken, the scale and the count of clean steps after each step, and the parameters at the end, of all
     ranks (gathered, so every rank gives the same verdict), against the reference and the typical mistakes."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     mine = _ls_run(fn, comm)

@@ -3,7 +3,7 @@ exact resume loop."""
 import os
 import re
 
-from ddlcourse import elastic
+from ddlcourse import elastic, training
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 # directory listings a restarted job may find: unpadded numbers, a write cut short, other files, nothing
@@ -244,7 +244,6 @@ def check_train_with_checkpoints(fn, **_) -> Verdict:
     import random
     import shutil
 
-    from ddlcourse import training
     attempts = ft_schedule(random.Random())
     folders = [str(training.run_dir("selfcheck-ckpt")) for _ in range(3)]
     try:

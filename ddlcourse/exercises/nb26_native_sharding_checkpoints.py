@@ -5,6 +5,7 @@ import os
 
 from ddlcourse import dcp
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.training import run_dir
 
 # (rows, ranks): even splits, uneven ones, more ranks than rows
 _CASES = [(64, 4), (10, 4), (10, 3), (3, 4), (7, 2), (1, 1), (0, 2), (9, 4)]
@@ -156,9 +157,8 @@ def check_reshard_rows(fn, **_) -> Verdict:
     import shutil
 
     import torch
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
-    from ddlcourse.training import run_dir
     comm = MPI.COMM_WORLD
     r, m = comm.Get_rank(), comm.Get_size()
     folder = None

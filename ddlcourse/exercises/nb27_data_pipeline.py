@@ -201,7 +201,7 @@ def check_distributed_sampler(cls, **_) -> Verdict:
     """On every rank: ``cls(n, rank, world_size, seed, drop_last)`` with ``set_epoch``, ``__len__`` and
     ``__iter__``. All ranks' indices are gathered and checked: equal lengths, the same permutation on every
     rank (disjoint shares that cover the data), a new order each epoch, and the reference's strided rule."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     comm = MPI.COMM_WORLD
     rank, ws = comm.Get_rank(), comm.Get_size()
     for n, drop_last in _SAMPLER_CASES:

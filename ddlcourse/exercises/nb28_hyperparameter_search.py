@@ -174,7 +174,7 @@ _SH_ALL_TRAIN = "every trial must be trained once per rung, by one rank: rank r 
 def check_sh_on_ranks(fn, **_) -> Verdict:
     """On every rank: ``fn(trials, objective, min_budget, eta, comm)`` -> one ``(budget, trial ids)`` per rung,
     the same on every rank. Compared with a serial run of successive halving on a fake objective with ties."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     comm = MPI.COMM_WORLD
     for trials, eta, b0 in _SH_CASES:
         calls = []

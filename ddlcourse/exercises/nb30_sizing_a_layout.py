@@ -1,8 +1,8 @@
 """Exercises of notebooks/30_sizing_a_layout.ipynb."""
 import numpy as np
 
-from ddlcourse.layout import MIXED, PRESETS, Layout, Model, activation_bytes_per_layer, memory_per_rank, \
-    model_state_bytes
+from ddlcourse.layout import (MIXED, PRESETS, Layout, Model, activation_bytes_per_layer, memory_per_rank,
+                              model_state_bytes)
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
 
 CASES = [(7e9, 64), (70e9, 16), (1.3e9, 8)]

@@ -16,8 +16,13 @@ spatial model loads into a plain one.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
+
+from ddlcourse.memory import SavedTensors
+from ddlcourse.parallel.spatial import SpatialConv2d, SpatialConv3d
 
 
 class ConvReLU(nn.Module):
@@ -29,7 +34,6 @@ class ConvReLU(nn.Module):
         self._spatial = ()               # a tuple, so the wrapper is not a second registered copy of conv
 
     def set_spatial(self, group, exchange=None) -> None:
-        from ddlcourse.parallel.spatial import SpatialConv2d, SpatialConv3d
         wrap = SpatialConv2d if isinstance(self.conv, nn.Conv2d) else SpatialConv3d
         self._spatial = () if group is None else (wrap(self.conv, dim=2, group=group, exchange=exchange),)
 
@@ -127,14 +131,11 @@ def activation_bytes(model: nn.Module, input_shape, device: str = "meta", loss: 
     On ``device="meta"`` nothing is computed, so a 512^3 cube is measured in milliseconds. Parameters
     saved for backward are left out (they are memory of the model, not of the activations).
     """
-    import copy
-
     m = copy.deepcopy(model).to(device)          # a copy: measuring never touches the model's weights
     if halo:                                     # one slab of a spatial split: every conv pads with a halo
         for blk in m.modules():
             if isinstance(blk, ConvReLU):
                 blk._spatial = (ZeroHaloConv(blk.conv),)
-    from ddlcourse.memory import SavedTensors
 
     x = torch.zeros(input_shape, device=device)
     with SavedTensors(skip=m.parameters()) as saved:

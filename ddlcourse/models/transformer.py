@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddlcourse.data import tokens
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -252,8 +254,6 @@ def train_sort(cfg: TransformerConfig, steps: int, batch: int, lr: float = 3e-3,
 
     ``n_symbols`` defaults to ``cfg.vocab - 1``; ``cfg.seq_len`` must be ``2 * length``.
     """
-    from ddlcourse.data import tokens
-
     n_symbols = n_symbols or cfg.vocab - 1
     if cfg.seq_len % 2 or tokens.sort_task_vocab(n_symbols) > cfg.vocab:
         raise ValueError(f"the sort task needs an even seq_len and vocab >= n_symbols + 1; got {cfg}")

@@ -35,7 +35,11 @@ from functools import partial
 import torch
 import torch.distributed as tdist
 
+from ddlcourse import layout as lay_mod
+from ddlcourse.data import tokens
 from ddlcourse.device import rank_device, synchronize
+from ddlcourse.models import transformer as T
+from ddlcourse.models.transformer import causal_attention
 from ddlcourse.parallel import traffic
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -205,8 +209,6 @@ def scores_per_rank(seq_len: int, cp: int, layout: str = "zigzag") -> list[int]:
 def compare_attention(batch: int = 2, heads: int = 2, seq_len: int = 32, head_dim: int = 8,
                       layout: str = "zigzag", group=None, seed: int = 0, device=None) -> dict:
     """Ring attention on this rank's shard against full causal attention, forward and backward (max |diff|)."""
-    from ddlcourse.models.transformer import causal_attention
-
     device = rank_device(device)
     r, cp = tdist.get_rank(group), tdist.get_world_size(group)
     g = torch.Generator().manual_seed(seed)
@@ -237,9 +239,6 @@ def compare_model(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, 
     Each rank embeds, normalises and runs the MLPs on its own tokens (by their true positions); attention is
     ring attention; the parameter gradients are summed over the group (each rank saw part of the tokens).
     """
-    from ddlcourse.data import tokens
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     cfg = cfg or T.TransformerConfig(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=2)
     r, cp = tdist.get_rank(group), tdist.get_world_size(group)
@@ -290,9 +289,6 @@ def time_per_rank(batch: int = 1, heads: int = 4, seq_len: int = 1024, head_dim:
 def measure_block(cfg=None, batch: int = 2, layout: str = "zigzag", group=None, seed: int = 0, device=None) -> dict:
     """One transformer block with ring attention on this rank's tokens: the bytes autograd keeps (forward) and
     the bytes this rank sends (forward + backward), to set against :mod:`ddlcourse.layout`."""
-    from ddlcourse import layout as lay_mod
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     cfg = cfg or T.TransformerConfig(vocab=11, seq_len=64, dim=32, n_heads=4, n_layers=1)
     r, cp = tdist.get_rank(group), tdist.get_world_size(group)
@@ -318,9 +314,6 @@ def train(cfg, steps: int, batch: int, lr: float = 3e-3, layout: str = "zigzag",
     With ``serial``, rank 0 of ``group`` also trains the serial reference, ``train_sort``, on its own device
     (the device the ranks train on), returned as ``serial`` (``losses``, ``test_accuracy``; ``None`` on the
     other ranks)."""
-    from ddlcourse.data import tokens
-    from ddlcourse.models import transformer as T
-
     device = rank_device(device)
     r, cp = tdist.get_rank(group), tdist.get_world_size(group)
     n_symbols, length = cfg.vocab - 1, cfg.seq_len // 2

@@ -14,11 +14,18 @@ per-rank gradients, so that with equal per-rank batches a step equals one serial
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import bench, dist
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
+from ddlcourse.models.small import MLP
+from ddlcourse.optim import RECIPES, broadcast_state, make_optimizer, state_tensors
+from ddlcourse.parallel.mpi_hook import register_mpi_hook
 
 BACKENDS = ("allreduce", "ddp", "horovod")
 
@@ -67,7 +74,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
     if compression not in ("none", "fp16"):
         raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
     if backend == "horovod":
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
         if group is not None:
             raise ValueError("the horovod backend spans all ranks; use 'ddp' or 'allreduce' for a subgroup")
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -83,7 +90,6 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
         ids = [dev.index] if dev.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group, **ddp_kwargs)
         if dev.type == "cpu":   # CPU buckets through MPI unless $DDLCOURSE_DDP_HOOK=default (GPU buckets keep NCCL)
-            from ddlcourse.parallel.mpi_hook import register_mpi_hook
             register_mpi_hook(ddp, group)
         return ddp, optimizer
     broadcast_parameters(model, group=group)
@@ -130,8 +136,6 @@ def accumulate_step(ddp_model: nn.Module, micro_batches, optimizer: torch.optim.
     Every backward but the last runs inside ``ddp_model.no_sync()``: the gradients add up in ``.grad`` and DDP
     all-reduces each bucket once, on the last backward. Each micro-batch's loss is divided by k, so the step is
     one step on the whole global batch. Returns this rank's mean loss over its micro-batches."""
-    from contextlib import nullcontext
-
     k = len(micro_batches)
     optimizer.zero_grad()
     total = 0.0
@@ -147,11 +151,6 @@ def accumulate_step(ddp_model: nn.Module, micro_batches, optimizer: torch.optim.
 WAYS = ("serial", "after_backward", "allreduce", "overlap", "ddp", "horovod")
 
 
-def _make_opt(name: str, params, lr: float):
-    from ddlcourse.optim import make_optimizer
-    return make_optimizer(name, params, lr)
-
-
 def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 512, dim: int = 16,
               hidden: int = 32, optimizer: str = "sgd", lr: float = 0.1, seed: int = 0,
               compression: str = "none", n_ranks: int | None = None, device=None) -> dict | None:
@@ -163,10 +162,6 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
     that took part (params as a flat NumPy array, losses of the global batch), None on the others.
     Model and batches live on ``device`` (default: the rank's, ``dist.init().device``).
     """
-    from ddlcourse import dist
-    from ddlcourse.data.toy import teacher_classification
-    from ddlcourse.models.small import MLP
-
     if way not in WAYS:
         raise ValueError(f"unknown way {way!r}; choose one of {', '.join(WAYS)}")
     dist.init(horovod=(way == "horovod"))
@@ -188,7 +183,7 @@ def train_way(way: str, steps: int = 5, global_batch: int = 32, n_train: int = 5
     # The serial reference uses rank 0's seed, the one the broadcast spreads.
     torch.manual_seed(dist.seed_for_rank(seed, 0 if way == "serial" else dist.rank()))
     model = MLP(dim, 4, hidden=hidden).to(device)
-    opt = _make_opt(optimizer, model.parameters(), lr)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
     hooks = None
     if way in ("allreduce", "ddp", "horovod"):
         model, opt = wrap(model, opt, backend=way, group=group, compression=compression)
@@ -220,9 +215,6 @@ def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hi
              depth: int = 4, warmup: int = 2, device=None) -> dict:
     """Median seconds per training step of an MLP on random data, one of :data:`WAYS` (not serial);
     the slowest rank's time, with the device synchronised before each clock read. Runs on every rank."""
-    from ddlcourse import bench, dist
-    from ddlcourse.models.small import MLP
-
     if way == "serial" or way not in WAYS:
         raise ValueError(f"time_way needs a parallel way, one of {', '.join(WAYS[1:])}")
     dist.init(horovod=(way == "horovod"))
@@ -259,5 +251,53 @@ def time_way(way: str, steps: int = 10, micro_batch: int = 64, dim: int = 64, hi
 
 
 def _mpi_max():
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     return MPI.MAX
+
+
+# --------------------------------------------------------------------------- optimizer state across ranks (notebook 12)
+def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False, fix: bool = False,
+                      seed: int = 0, device=None) -> dict:
+    """Data-parallel training (DDP) with optimizer ``name``: do the ranks' optimizer states and parameters agree?
+
+    ``perturb``: after the first step, rank 1 scales its optimizer state (as if it had resumed from another
+    checkpoint). ``fix``: then :func:`ddlcourse.optim.broadcast_state` from rank 0. Runs on every rank; returns
+    the largest difference across ranks of the state tensors and of the parameters after ``steps`` steps. Model
+    and data live on ``device`` (default: the rank's, ``dist.init().device``). Notebook 12 runs it; it lives
+    here, beside :func:`wrap`, because it trains data-parallel (``optim`` stays free of the parallel wrappers).
+    """
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
+
+    info = dist.init(horovod=False)
+    device = rank_device(device)
+    X, y = teacher_classification(256, dim=8, n_classes=4, seed=seed)
+    X, y = X.to(device), y.to(device)
+    torch.manual_seed(seed)
+    model = MLP(8, 4, hidden=16).to(device)
+    opt = make_optimizer(name, model.parameters(), lr=RECIPES[name][0])
+    model, opt = wrap(model, opt, backend="ddp")
+    for step in range(steps):
+        idx = torch.arange(step * 32, step * 32 + 32, device=device)[info.rank::info.world_size]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
+        opt.step()
+        if step == 0 and perturb:
+            if info.rank == 1:
+                with torch.no_grad():
+                    for v in state_tensors(opt):
+                        if v.is_floating_point() and v.numel() > 1:
+                            v.mul_(3.0)
+            if fix:
+                broadcast_state(opt)
+    comm = dist._comm()
+
+    def spread(tensors):
+        # mpi4py reduces host buffers (unless the MPI is CUDA-aware): copy to the CPU first
+        flat = torch.cat([t.detach().float().flatten() for t in tensors]).cpu().numpy()
+        lo, hi = flat.copy(), flat.copy()
+        comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+        comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+        return float((hi - lo).max())
+
+    state = [v for v in state_tensors(opt) if v.numel() > 1]
+    return {"state_spread": spread(state), "param_spread": spread(list(unwrap(model).parameters()))}

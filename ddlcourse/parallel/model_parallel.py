@@ -23,6 +23,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from ddlcourse import dist
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import now, rank_device
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
@@ -207,8 +208,6 @@ def compare_with_serial(batch: int = 32, n_layers: int = 8, delay_s: float = 0.0
     Everything lives on ``device`` (default: this rank's).
     Returns ``dict(loss_diff, grad_diff, loss, events)`` (grad_diff over this rank's stage).
     """
-    from ddlcourse.data.toy import teacher_classification
-
     device = rank_device(device)
     X, Y = teacher_classification(batch, dim=16, n_classes=4, seed=seed)
     X, Y = X.to(device), Y.to(device)

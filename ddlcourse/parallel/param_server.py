@@ -27,7 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddlcourse import dist
+from ddlcourse.collectives import ring_allreduce
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
+from ddlcourse.models.small import MLP
 
 GRAD, PARAM = 11, 12           # message tags
 
@@ -38,9 +42,6 @@ class Problem:
 
     def __init__(self, n_train: int = 256, dim: int = 16, hidden: int = 32, n_classes: int = 4, seed: int = 0,
                  device=None):
-        from ddlcourse.data.toy import teacher_classification
-        from ddlcourse.models.small import MLP
-
         self.device = rank_device(device)
         X, y = teacher_classification(n_train, dim=dim, n_classes=n_classes, seed=seed)
         self.X, self.y = X.double().to(self.device), y.to(self.device)
@@ -103,7 +104,7 @@ def push_pull(comm, grad: np.ndarray, params: np.ndarray, shards: list[tuple[int
 
 def send_params(comm, shard: np.ndarray, workers) -> None:
     """A server sends its shard to each of ``workers`` (the initial pull, and each step's answer)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
     reqs = [comm.Isend(shard, dest=w, tag=PARAM) for w in workers]
     MPI.Request.Waitall(reqs)
 
@@ -116,7 +117,7 @@ def serve(comm, shard: np.ndarray, workers, steps: int, lr: float, sync: bool = 
     (``lr / len(workers)`` per gradient, the same total step size) and answer that worker alone; a gradient's
     *staleness* is the number of updates applied since its worker last received the parameters.
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     workers = list(workers)
     W = len(workers)
@@ -165,7 +166,7 @@ def train_ps(steps: int = 10, global_batch: int = 24, lr: float = 0.1, n_servers
     ``{"losses", "worker_params"}`` (this worker's mini-batch loss per step, its last pulled parameters) and on servers ``{"staleness", "sent", "received"}``.
     ``worker_exchange``: the workers' push/pull (default :func:`push_pull`; the exercise passes the learner's).
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     comm = comm.Dup()                         # a private context: a failed run leaves no message behind
@@ -214,7 +215,7 @@ def train_serial(steps: int = 10, global_batch: int = 24, lr: float = 0.1, **pro
 
 def train_allreduce(steps: int = 10, global_batch: int = 24, lr: float = 0.1, comm=None, **problem) -> dict:
     """Allreduce data parallelism on every rank of ``comm``: average the gradients, step everywhere."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     prob = Problem(**problem)
@@ -232,7 +233,7 @@ def train_allreduce(steps: int = 10, global_batch: int = 24, lr: float = 0.1, co
 def compare_sync(steps: int = 5, global_batch: int = 24, lr: float = 0.1, n_servers: int = 1, comm=None,
                  **problem) -> dict:
     """Max |difference| of the final parameters: synchronous PS vs serial, allreduce vs serial (every rank)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     kw = dict(steps=steps, global_batch=global_batch, lr=lr, **problem)
@@ -249,7 +250,7 @@ def train_async(steps: int = 10, global_batch: int = 24, lr: float = 0.1, n_serv
 
     The order in which gradients arrive depends on timing, so this run is not reproducible: it measures.
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     res = train_ps(steps=steps, global_batch=global_batch, lr=lr, n_servers=n_servers, sync=False, comm=comm,
@@ -308,9 +309,7 @@ def traffic(n_params: int, n_servers: int = 1, steps: int = 2, comm=None) -> dic
     """Bytes per step that each rank **sends**, counted on real messages, in two designs on ``comm``: a
     synchronous PS (ranks < n_servers serve) and a ring allreduce over all ranks. Every rank returns
     ``{"role", "ps_bytes", "ring_bytes"}`` (bytes sent) and ``{"ps_received", "ring_received"}`` for itself."""
-    from mpi4py import MPI
-
-    from ddlcourse.collectives import ring_allreduce
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     comm = comm.Dup()
@@ -347,7 +346,7 @@ def traffic_model(n_params: int, n_ranks: int, n_servers: int = 1, bytes_per_par
 
 def plot_traffic(rows: list[dict], n_params: int, n_servers: int = 1, ax=None):
     """Measured bytes per step (markers) against the model (lines), by number of ranks."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
@@ -369,9 +368,7 @@ def traffic_on(n_ranks: int, n_params: int, n_servers: int = 1) -> dict | None:
     """:func:`traffic` on the first ``n_ranks`` ranks, summarised: ``{"n_ranks", "server", "worker", "ring"}``
     (the largest count of bytes sent per step of each role), and ``{"server_received", "worker_received",
     "ring_received"}`` (the same for bytes received); None on ranks left out. Collective over the world."""
-    from mpi4py import MPI
-
-    from ddlcourse import dist
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     comm, _ = dist.subgroup(n_ranks)
     res = traffic(n_params, n_servers, comm=comm) if comm is not None else None
@@ -397,7 +394,7 @@ def train_local_sgd(period: int, steps: int = 40, global_batch: int = 24, lr: fl
     ``{"at"}`` (the steps of those averagings) and ``{"bytes_per_step"}``: the bytes each rank would send per
     step if the averaging were a ring allreduce (``2 (N-1)/N P`` per averaging, as :func:`traffic_model`
     counts; the run itself calls ``MPI_Allreduce``, whose algorithm MPI picks)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     if period < 1:
         raise ValueError(f"period must be >= 1 step, got {period}")
@@ -421,7 +418,7 @@ def train_local_sgd(period: int, steps: int = 40, global_batch: int = 24, lr: fl
 
 def plot_losses(curves: dict, xlabel: str = "step", ax=None, title: str = ""):
     """Loss curves ``{label: (steps, losses)}`` on one axis."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: plotting only; matplotlib is slow to import
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
 from ddlcourse.parallel.model_parallel import (Sender, Timeline, _emulate, _global, demo_model, gather_events,
                                                idle_fraction, recv_tensor, stage_module)
@@ -144,6 +145,7 @@ def torch_pipelining_step(stage: nn.Module, batch, target, loss_fn, num_micro_ba
                           schedule: str = "gpipe", group=None, device=None):
     """The same step with ``torch.distributed.pipelining`` (for comparison). Returns the mean loss on the last
     stage, None elsewhere; gradients accumulate in ``stage``, which lives on ``device`` (default: this rank's)."""
+    # lazy: torch.distributed.pipelining is heavy to import and only this comparison uses it
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     s, p = tdist.get_rank(group), tdist.get_world_size(group)
@@ -170,8 +172,6 @@ def compare_with_serial(num_micro_batches: int = 4, micro_batch: int = 8, n_laye
     Everything lives on ``device`` (default: this rank's). ``delay_s``, ``overhead_s``: emulated work, see :func:`run`.
     Returns ``dict(loss_diff, grad_diff, loss, events (all ranks), max_in_flight, bubble, predicted, makespan)``.
     """
-    from ddlcourse.data.toy import teacher_classification
-
     device = rank_device(device)
     m = num_micro_batches
     X, Y = teacher_classification(m * micro_batch, dim=16, n_classes=4, seed=seed)   # global batch

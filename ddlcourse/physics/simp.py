@@ -24,6 +24,7 @@ Array conventions (C order, what a CNN sees):
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,6 @@ def limit_blas_threads(n: int = 1) -> int:
     cores (measured: a 4k-DOF banded solve took 0.43 s with default threads on 2 busy cores, 0.03 s with one).
     ``threadpoolctl`` does this in general; it is not in the course environment, so this is its small core.
     """
-    import ctypes
     found = 0
     try:
         with open("/proc/self/maps") as f:

@@ -1,0 +1,224 @@
+"""How to launch N MPI ranks here: the ``mpiexec`` or ``srun`` command line, and what the allocation allows.
+
+:class:`ddlcourse.cluster.MPICluster` starts its engines with :func:`launch_command`; so does any other MPI job
+the course starts from a notebook's kernel (:func:`ddlcourse.profiling.run_horovod_timeline`). The Slurm
+templates ask :func:`srun_mpi_plugin` (through ``python -m ddlcourse.checks srun-mpi``) which ``srun --mpi``
+plugin starts ranks of mpi4py's MPI as one world.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started or used."""
+
+
+# --------------------------------------------------------------------------- the allocation
+def in_slurm_allocation() -> bool:
+    """True inside ``salloc``/``sbatch`` (a job id and a task count are set)."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and bool(
+        os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS"))
+
+
+def find_mpiexec() -> str:
+    """The ``mpiexec`` to launch with.
+
+    Order: ``$DDLCOURSE_MPIEXEC``; the one beside this Python (the course venv's mpich wheel);
+    the first on ``PATH`` (a cluster's module-loaded MPI).
+    """
+    explicit = os.environ.get("DDLCOURSE_MPIEXEC")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ClusterError(f"$DDLCOURSE_MPIEXEC={explicit!r} is not an executable file")
+        return explicit
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    on_path = shutil.which("mpiexec")
+    if on_path:
+        return on_path
+    raise ClusterError(
+        "no mpiexec found: not beside this Python and not on PATH. Run 'make setup' (the course venv "
+        "ships MPICH), 'module load' your site's MPI, or set DDLCOURSE_MPIEXEC.")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def allocation_tasks() -> int | None:
+    """Tasks of this Slurm allocation (``SLURM_NTASKS``, inside a step ``SLURM_STEP_NUM_TASKS``), else None."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return None
+    for var in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def allocation_nodes() -> int:
+    """Nodes of this Slurm allocation (``SLURM_JOB_NUM_NODES``), 1 outside one."""
+    v = (os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "").strip()
+    return int(v) if in_slurm_allocation() and v.isdigit() else 1
+
+
+def default_n() -> int:
+    """Number of engines when none is given: the Slurm task count in an allocation, else 2."""
+    if in_slurm_allocation():
+        return allocation_tasks() or 1
+    return 2
+
+
+def may_span_hosts(launcher: str) -> bool:
+    """Whether engines started by ``launcher`` may run on other hosts than the controller.
+
+    ``srun`` always may; ``mpiexec`` does inside a Slurm allocation of several nodes (MPICH's Hydra and
+    Open MPI read the node list and start ranks there) or with a host file (``$HYDRA_HOST_FILE``,
+    ``$PBS_NODEFILE``). ``$DDLCOURSE_MULTI_HOST=1`` says so for any other set-up.
+    """
+    if os.environ.get("DDLCOURSE_MULTI_HOST", "") not in ("", "0"):
+        return True
+    if launcher == "srun":
+        return True
+    return allocation_nodes() > 1 or bool(os.environ.get("HYDRA_HOST_FILE") or os.environ.get("PBS_NODEFILE"))
+
+
+# --------------------------------------------------------------------------- the command line
+def launch_command(n: int, launcher: str = "auto", threads_per_rank: int = 1,
+                   mpiexec: str | None = None) -> tuple[str, list[str], list[str]]:
+    """Decide how to launch ``n`` ranks: ``(launcher, mpi_cmd, mpi_args)``.
+
+    ``launcher`` is ``"mpiexec"`` (the venv's or site's MPI), ``"srun"`` (Slurm), or ``"auto"``:
+    ``srun`` inside a Slurm allocation when it is on PATH, else ``mpiexec``.
+    """
+    if launcher == "auto":
+        launcher = "srun" if in_slurm_allocation() and shutil.which("srun") else "mpiexec"
+    threads = str(threads_per_rank)
+    if launcher == "srun":
+        srun = shutil.which("srun")
+        if not srun:
+            raise ClusterError("launcher='srun' but srun is not on PATH (are you on a Slurm login/compute node?)")
+        # --cpus-per-task spreads the threads; the PMI plugin must match the MPI mpi4py was built with.
+        # --kill-on-bad-exit: one dead engine breaks the MPI world, so end the whole step at once (on every
+        # node) rather than leave the others waiting in a collective.
+        # --overlap: the engines' step shares its nodes' CPUs and GPUs with later steps of the allocation (a
+        # second cluster, a Horovod timeline job); without it those steps wait until the engines stop.
+        args = ["--overlap", "--cpu-bind=none", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1",
+                f"--export=ALL,OMP_NUM_THREADS={threads},DDLCOURSE_THREADS={threads}"]
+        if allocation_has_gpus():
+            args.append("--gpu-bind=none")        # every rank sees its node's GPUs; dist maps local rank -> GPU
+        plugin = _srun_mpi()
+        if plugin:
+            args.append(f"--mpi={plugin}")
+        return "srun", [srun], args
+    if launcher == "mpiexec":
+        exe = mpiexec or find_mpiexec()
+        env = {"OMP_NUM_THREADS": threads, "DDLCOURSE_THREADS": threads}
+        if mpiexec_flavor(exe) == "openmpi":
+            args = ["--bind-to", "none"] + [a for k, v in env.items() for a in ("-x", f"{k}={v}")]
+        else:                                     # MPICH's Hydra (the venv's), Intel MPI, MVAPICH2
+            args = ["-bind-to", "none"] + [a for k, v in env.items() for a in ("-genv", k, v)]
+        return "mpiexec", [exe], args
+    raise ClusterError(f"unknown launcher {launcher!r}; use 'auto', 'mpiexec' or 'srun'")
+
+
+def allocation_has_gpus() -> bool:
+    """Whether this Slurm allocation holds GPUs (Slurm sets these variables when it gives GRES)."""
+    return any(os.environ.get(v, "").strip() not in ("", "0")
+               for v in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_NODE"))
+
+
+_FLAVORS: dict[str, str] = {}
+
+
+def mpiexec_flavor(exe: str) -> str:
+    """``"openmpi"``, ``"mpich"`` (Hydra: MPICH, Intel MPI, MVAPICH2) or ``"unknown"``: their flags differ.
+
+    From the name the launcher links to (``mpiexec.hydra``, ``orterun``/``prterun``), else ``--version``."""
+    if exe not in _FLAVORS:
+        real = os.path.basename(os.path.realpath(exe))
+        if real in ("orterun", "prterun", "prte", "mpirun.openmpi"):
+            _FLAVORS[exe] = "openmpi"
+        elif "hydra" in real or real == "mpiexec.mpich":
+            _FLAVORS[exe] = "mpich"
+        else:
+            try:
+                out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            _FLAVORS[exe] = ("openmpi" if any(w in out for w in ("Open MPI", "OpenRTE", "PRRTE")) else
+                             "mpich" if any(w in out for w in ("HYDRA", "MPICH", "Intel(R) MPI")) else "unknown")
+    return _FLAVORS[exe]
+
+
+# --------------------------------------------------------------------------------- srun's PMI plugin
+def mpi_library_version() -> str:
+    """``MPI_Get_library_version`` of the MPI mpi4py was built with.
+
+    When this process has not imported ``mpi4py.MPI`` yet, a child Python asks (with MPI initialisation
+    turned off there), so that this process keeps mpi4py's normal start-up for later.
+    """
+    if "mpi4py.MPI" in sys.modules:
+        return sys.modules["mpi4py.MPI"].Get_library_version().strip()
+    code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+            "from mpi4py import MPI; print(MPI.Get_library_version())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"could not ask mpi4py for its MPI library: {p.stderr.strip()[-300:]}")
+    return p.stdout.strip()
+
+
+def pmi_plugin_for(library_version: str) -> tuple[str, str]:
+    """``(plugin, why)``: the ``srun --mpi`` plugin that starts ranks of this MPI as one world."""
+    v = library_version.lower()
+    first = " ".join(library_version.strip().splitlines()[0].split()) if library_version.strip() else "(empty)"
+    if "cray mpich" in v:
+        return "cray_shasta", f"Cray MPICH ({first}) uses Slurm's cray_shasta plugin"
+    if "open mpi" in v:
+        return "pmix", f"Open MPI ({first}) is started through PMIx"
+    if "intel(r) mpi" in v or "intel mpi" in v:
+        return "pmi2", f"Intel MPI ({first}) speaks PMI-2 (set I_MPI_PMI_LIBRARY to Slurm's libpmi2.so)"
+    if "mvapich" in v:
+        return "pmi2", f"MVAPICH ({first}) speaks PMI-2"
+    if "mpich" in v:
+        return "pmi2", f"MPICH ({first}) speaks PMI-2 (the course venv's mpich wheel)"
+    return "pmi2", f"unknown MPI ({first}): guessing pmi2; set DDLCOURSE_SRUN_MPI (see `srun --mpi=list`)"
+
+
+def srun_mpi_plugin(library_version: str | None = None) -> tuple[str, str]:
+    """``(plugin, why)``: ``$DDLCOURSE_SRUN_MPI`` when set, else detected from mpi4py's MPI library."""
+    override = os.environ.get("DDLCOURSE_SRUN_MPI", "").strip()
+    if override:
+        return override, "set by DDLCOURSE_SRUN_MPI"
+    return pmi_plugin_for(library_version if library_version is not None else mpi_library_version())
+
+
+_SRUN_MPI: dict = {}
+
+
+def _srun_mpi() -> str | None:
+    """srun's ``--mpi`` plugin: ``$DDLCOURSE_SRUN_MPI``, else the one matching mpi4py's MPI (asked once).
+
+    Without it, srun uses the site's ``MpiDefault`` (often ``none``): every engine is then an MPI world of
+    its own. A notebook started inside ``salloc`` has no template to set the variable for it.
+    """
+    if os.environ.get("DDLCOURSE_SRUN_MPI", "").strip():
+        return os.environ["DDLCOURSE_SRUN_MPI"].strip()
+    if "plugin" not in _SRUN_MPI:
+        try:
+            _SRUN_MPI["plugin"] = srun_mpi_plugin()[0]
+        except Exception as e:  # no mpi4py here: leave the choice to the site's MpiDefault
+            warnings.warn(f"could not tell which srun --mpi plugin mpi4py needs ({e}); using the site's "
+                          "default. Set DDLCOURSE_SRUN_MPI (see env/slurm/README.md).", stacklevel=3)
+            _SRUN_MPI["plugin"] = None
+    return _SRUN_MPI["plugin"]
