@@ -1,12 +1,12 @@
 """The test clusters' job helper (tests/slurm_jobs.py) against a fake Slurm: a launch that broke in PMI is
-cancelled when it hangs and retried once; any other failure is not retried."""
+cancelled when it hangs and retried, up to ATTEMPTS launches in all; any other failure is not retried."""
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_jobs import pmi_flake, retry_launch, run_batch_job, wait_for_job
+from slurm_jobs import ATTEMPTS, pmi_flake, retry_launch, run_batch_job, wait_for_job
 
 BROKEN = ("slurmstepd-ddlnode2: error: mpi/pmi2: value not properly terminated in client request\n"
           "slurmstepd-ddlnode2: error: mpi/pmi2: invalid client request\n")
@@ -47,13 +47,13 @@ def test_pmi_flake_signs():
     assert not pmi_flake("")
 
 
-def test_a_hung_broken_launch_is_cancelled_and_retried_once(tmp_path, capsys):
+def test_a_hung_broken_launch_is_cancelled_and_retried(tmp_path, capsys):
     fake = FakeSlurm(tmp_path, [(BROKEN, "RUNNING", True), ("loss 0.5\n", "COMPLETED", False)])
     job, info, out = run_batch_job(fake, ["lab.sbatch"], tmp_path / "job-%j.out", "lab", flake_grace=0.2)
     assert job == "2" and "JobState=COMPLETED" in info and out == "loss 0.5\n"
     assert ["scancel", "1"] in fake.calls and sum(c[0] == "sbatch" for c in fake.calls) == 2
     printed = capsys.readouterr().out
-    assert "job 1 still RUNNING" in printed and "retrying once" in printed
+    assert "job 1 still RUNNING" in printed and f"attempt 1 of {ATTEMPTS}); retrying" in printed
 
 
 def test_a_course_failure_is_not_retried(tmp_path):
@@ -62,10 +62,10 @@ def test_a_course_failure_is_not_retried(tmp_path):
     assert job == "1" and "JobState=FAILED" in info and sum(c[0] == "sbatch" for c in fake.calls) == 1
 
 
-def test_a_second_broken_launch_is_reported_not_retried_again(tmp_path):
-    fake = FakeSlurm(tmp_path, [(BROKEN, "FAILED", False), (BROKEN, "FAILED", False), ("", "COMPLETED", False)])
+def test_the_last_broken_launch_is_reported_not_retried_again(tmp_path):
+    fake = FakeSlurm(tmp_path, [(BROKEN, "FAILED", False)] * ATTEMPTS + [("", "COMPLETED", False)])
     job, info, _ = run_batch_job(fake, ["lab.sbatch"], tmp_path / "job-%j.out", "lab", flake_grace=0.2)
-    assert job == "2" and "JobState=FAILED" in info
+    assert job == str(ATTEMPTS) and "JobState=FAILED" in info
 
 
 def test_a_job_hanging_without_pmi_signs_fails_with_its_output(tmp_path):
@@ -88,7 +88,7 @@ def test_a_launch_that_hangs_after_broken_pmi_is_cancelled_and_retried(tmp_path,
 
     p = retry_launch(fake, "srun check", launch)
     assert p.returncode == 0 and len(calls) == 2 and fake.calls[0][:2] == ["scancel", "--user"]
-    assert "retrying once" in capsys.readouterr().out
+    assert f"attempt 1 of {ATTEMPTS}; retrying" in capsys.readouterr().out
 
 
 def test_a_launch_that_hangs_for_another_reason_is_not_retried(tmp_path):
