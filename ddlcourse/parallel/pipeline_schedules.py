@@ -450,9 +450,10 @@ def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
 
     A forward needs the previous stage's forward of its micro-batch; a backward (full or input) this stage's
     forward and the next stage's backward; a weight gradient this stage's input gradient. Returns
-    ``{bubble, idle, makespan, busy, gaps}``: the idle fraction ``1 - sum(busy) / (p * makespan)`` (what
+    ``{bubble, idle, makespan, busy, gaps, events}``: the idle fraction ``1 - sum(busy) / (p * makespan)`` (what
     :func:`bubble` measures), the mean idle time of a rank, the step time, each rank's busy time and each
-    rank's idle time between its own first start and last stop (``gaps``: without the start-up offset).
+    rank's idle time between its own first start and last stop (``gaps``: without the start-up offset), and
+    every action as ``(rank, kind, stage, mb, start, stop)`` (``events``: what a timeline draws).
     """
     orders = plan(schedule, num_ranks, num_micro_batches)
     n_stages = num_ranks * _spec(schedule)[1]
@@ -462,6 +463,7 @@ def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
     busy = {r: 0.0 for r in orders}
     nxt = {r: 0 for r in orders}
     first: dict = {}
+    events: list = []                   # (rank, F | B | W, stage, mb, start, stop); an input gradient is drawn as B
 
     def needs(kind, stage, mb):
         if kind == "F":
@@ -483,7 +485,10 @@ def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
                 start = max([clock[r]] + [done[d] for d in deps])
                 first.setdefault(r, start)
                 stop = start + sum(dur[k] for k, _, _ in parts)
-                for k, st, mb in parts:
+                t = start
+                for k, st, mb in parts:                    # the parts of an overlapped F&B, one after the other
+                    events.append((r, "B" if k == "I" else k, st, mb, t, t + dur[k]))
+                    t += dur[k]
                     done[("X" if k in "BI" else k, st, mb)] = stop
                     if k == "B":
                         done[("W", st, mb)] = stop
@@ -496,7 +501,7 @@ def simulate_bubble(schedule: str, num_ranks: int, num_micro_batches: int,
     span = max(clock.values())
     return dict(bubble=1.0 - sum(busy.values()) / (num_ranks * span),
                 idle=span - sum(busy.values()) / num_ranks, makespan=span, busy=busy,
-                gaps={r: clock[r] - first[r] - busy[r] for r in orders})
+                gaps={r: clock[r] - first[r] - busy[r] for r in orders}, events=events)
 
 
 def text_picture(orders: dict[int, list[tuple]]) -> str:

@@ -66,6 +66,14 @@ def arrow(ax, x0, y0, x1, y1, color=INK, style="->", lw=1.5, text="", fontsize=9
     return a
 
 
+def chart_done(fig, ax):
+    """Finish a plotted chart (not a canvas drawing): no top and right spines, a tight layout. Returns ``fig``."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 def render(name: str, **kwargs):
     """The Figure of the registered diagram ``name`` drawn with ``kwargs``."""
     if name not in DIAGRAMS:

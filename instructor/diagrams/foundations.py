@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from instructor.diagrams import INK, RANK_COLORS, arrow, box, canvas, diagram
+from instructor.diagrams import INK, RANK_COLORS, arrow, box, canvas, chart_done, diagram
 
 # scheme -> (what is split across devices, what is communicated, when it pays off)
 SCHEMES = [
@@ -51,10 +51,7 @@ def hpc_attributes():
     ax.set_xticks(x, names, fontsize=10)
     ax.legend(fontsize=10, frameon=False)
     ax.set_title("orders of magnitude, not benchmarks", fontsize=11)
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return chart_done(fig, ax)
 
 
 @diagram
@@ -101,10 +98,7 @@ def lr_warmup(base_lr=0.1, k=8, warmup=5, epochs=30):
     ax.set_xlabel("epoch")
     ax.set_ylabel("learning rate")
     ax.legend(fontsize=9, frameon=False, loc="upper right")
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return chart_done(fig, ax)
 
 
 @diagram
@@ -142,10 +136,7 @@ def speedup_laws(serial_fraction=0.05, max_ranks=64):
     ax.set_xlabel("ranks N")
     ax.set_ylabel("speedup S(N)")
     ax.legend(fontsize=10, frameon=False, loc="upper left")
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return chart_done(fig, ax)
 
 
 @diagram

@@ -105,49 +105,6 @@ def model_parallel_stages(ranks=4):
     return fig
 
 
-def _simulate(schedule, ranks, micro, t_f=1.0, t_b=1.0, t_w=1.0):
-    """Start and stop of every action of torch's plan for ``schedule`` (``pipeline_schedules.plan``), with the same
-    rules as ``pipeline_schedules.simulate_bubble``: free messages, an action starts when its rank is free and its
-    inputs exist. Returns (events, bubble)."""
-    from ddlcourse.parallel import pipeline_schedules as ps
-
-    orders = ps.plan(schedule, ranks, micro)
-    n_stages = ranks * ps.SCHEDULES[schedule][1]
-    dur = {"F": t_f, "I": t_b, "B": t_b + t_w, "W": t_w}
-    done, clock, nxt, events = {}, {r: 0.0 for r in orders}, {r: 0 for r in orders}, []
-
-    def needs(kind, stage, mb):
-        if kind == "F":
-            return [("F", stage - 1, mb)] if stage > 0 else []
-        if kind == "W":
-            return [("X", stage, mb)]
-        return [("F", stage, mb)] + ([("X", stage + 1, mb)] if stage < n_stages - 1 else [])
-
-    moved = True
-    while moved:
-        moved = False
-        for r, ops in orders.items():
-            while nxt[r] < len(ops):
-                a = ops[nxt[r]]
-                parts = a[1] if a[0] == "F&B" else (a,)
-                deps = [d for k, st, mb in parts for d in needs(k, st, mb)]
-                if any(d not in done for d in deps):
-                    break
-                t = max([clock[r]] + [done[d] for d in deps])
-                for k, st, mb in parts:
-                    events.append((r, "B" if k == "I" else k, st, mb, t, t + dur[k]))
-                    t += dur[k]
-                    done[("X" if k in "BI" else k, st, mb)] = t
-                    if k == "B":
-                        done[("W", st, mb)] = t
-                clock[r] = t
-                nxt[r] += 1
-                moved = True
-    span = max(clock.values())
-    busy = sum(e[5] - e[4] for e in events)
-    return events, 1.0 - busy / (ranks * span)
-
-
 @diagram
 def pipeline_timeline(schedule="1F1B", ranks=4, micro=8, width=8.0):
     """One step of a pipeline schedule on ``ranks`` ranks, from torch's plan (T_F = T_B = T_W = 1, free messages).
@@ -158,7 +115,8 @@ def pipeline_timeline(schedule="1F1B", ranks=4, micro=8, width=8.0):
     """
     from ddlcourse.parallel import pipeline_schedules as ps
 
-    events, bubble = _simulate(schedule, ranks, micro)
+    sim = ps.simulate_bubble(schedule, ranks, micro)             # the notebook's model of torch's plan
+    events, bubble = sim["events"], sim["bubble"]
     span = max(e[5] for e in events)
     height = 0.5 * ranks + 1.1
     fig, ax = canvas(width, height)
