@@ -9,11 +9,12 @@ TEST_SCALE ?= $(or $(DDLCOURSE_SCALE),smoke)
 WORKERS ?= 2
 NOTEBOOKS := $(wildcard notebooks/*.ipynb labs/*.ipynb)
 
-.PHONY: help setup env lab test test-unit test-notebooks slides lock clean-clusters clean
+.PHONY: help setup env lab test test-unit test-notebooks rehearsal slides lock clean-clusters clean
 
 help:
 	@echo "make lab     set up the environment if needed, then open JupyterLab on the course"
 	@echo "make test    set up the environment if needed, then run every test (unit + nbval on all notebooks)"
+	@echo "make rehearsal  every notebook and lab under nbval on two Slurm nodes built on this machine (root)"
 	@echo "make setup   build or refresh the environment only (.venv; Horovod wheel cached in ~/.cache/ddlcourse)"
 	@echo "make slides  build the instructor's reveal.js decks and PDF handouts (slides/decks, slides/pdf);"
 	@echo "             SCALE=laptop: figures from laptop-scale runs, the reference results to publish"
@@ -43,6 +44,12 @@ test-unit: env
 
 test-notebooks: env
 	@bash env/run_tests.sh notebooks
+
+# The class rehearsed on two nodes: two Slurm nodes in network namespaces (env/multinode/two_nodes.sh), one
+# allocation of 2 x 2 tasks, every notebook and lab under nbval with its engines started by srun on both.
+# Needs root and Debian's slurm-wlm + munge (installed if missing); .ci/run runs it after `make test`.
+rehearsal: env
+	@$(PY) env/multinode/rehearse.py
 
 # reveal.js decks from the notebooks into slides/decks/, PDFs into slides/pdf/ (headless Chromium);
 # SCALE=laptop runs the notebooks at the laptop scale for the figures (reference results to publish; about an hour)

@@ -12,7 +12,10 @@ here as it would on a real cluster. On 2 nodes x 2 tasks:
    nothing on either node (looked at while the allocation is still alive), a killed engine on node 2 is a
    clear error in seconds, and srun refuses more engines than tasks;
 4. ``sbatch -N2 env/slurm/lab.sbatch driving``: the same loss trajectory as on one node;
-5. notebook 00 under nbval with its engines on both nodes.
+5. notebook 00 under nbval with its engines on both nodes;
+6. each node has its own temporary folder: a file node 1 writes through ``tempfile`` is missing on node 2.
+
+Every notebook and lab on the two nodes is ``make rehearsal`` (env/multinode/rehearse.py), which .ci/run runs.
 
 Needs root, network namespaces and Debian's slurm-wlm + munge (installed with apt-get if missing). Where
 that is impossible the cluster tests skip, with the reason. The first tests need no cluster: they check the
@@ -162,6 +165,22 @@ def _check_ranks(rows: list[dict], out: str) -> None:
     rank0_host = rows[0]["host"]
     assert host == ADDRESSES[rank0_host], (
         f"rendezvous at {host}:{port}; rank 0 runs on {rank0_host}, whose node address is {ADDRESSES[rank0_host]}")
+
+
+def test_each_node_has_its_own_temporary_folder(nodes, env):
+    """A file written through ``tempfile`` on node 1 is missing at the same path on node 2, and there for
+    every other command on node 1, a job's task included: a real node's /tmp (blocker 5 of issue 29)."""
+    p = nodes.run(1, [PY, "-c", "import tempfile; d = tempfile.mkdtemp(); open(d + '/ckpt', 'w').write('1'); "
+                                "print(d)"], env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    path, tmp = p.stdout.strip() + "/ckpt", str(nodes.dir / "tmp")
+    assert path.startswith(tmp + "/"), f"tempfile on node 1 wrote {path}, not under the node's folder {tmp}"
+    seen = nodes.run(1, ["srun", "--mpi=none", "-N2", "-n2", "--time=5", "sh", "-c",
+                         f'echo "$(hostname) $TMPDIR $(test -e {path} && echo present || echo missing)"'],
+                     env=env, timeout=120)
+    assert seen.returncode == 0, f"{seen.stdout}{seen.stderr}\n{nodes.logs()}"
+    assert sorted(seen.stdout.split("\n"))[1:] == [f"{HOSTS[0]} {tmp} present", f"{HOSTS[1]} {tmp} missing"], (
+        seen.stdout)
 
 
 @pytest.mark.slow

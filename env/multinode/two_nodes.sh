@@ -10,8 +10,9 @@
 # A node is a network namespace plus its own hostname (a UTS namespace made per command by `unshare --uts`):
 #   node 1 = ddlnode1, 192.0.2.1 (runs munged, slurmctld and a slurmd)
 #   node 2 = ddlnode2, 192.0.2.2 (runs a slurmd)
-# joined by a veth pair. 192.0.2.0/24 is a documentation range: it exists only inside these namespaces,
-# never on the machine's own network. Each node has its own loopback, so a server bound to 127.0.0.1 on one
+# joined by a veth pair, each with its own /dev/shm and its own temporary folder (TMPDIR, see
+# node_prefix). 192.0.2.0/24 is a documentation range: it exists only inside these namespaces, never on
+# the machine's own network. Each node has its own loopback, so a server bound to 127.0.0.1 on one
 # node is unreachable from the other, exactly as on a real cluster. DIR/hosts names both nodes and is
 # bind-mounted on /etc/hosts in a private mount namespace of each command, so the hostnames resolve as a
 # cluster's DNS would. Everything else is shared: the file system (the checkout and its venv), the users, the
@@ -32,7 +33,8 @@ usage() { sed -n '2,9p' "$0" >&2; exit 2; }
 
 need_dir() {
   [ -n "${DIR:-}" ] || usage
-  mkdir -p "$DIR"/{run,log}
+  mkdir -p "$DIR"/{run,log,tmp,node-tmp/1,node-tmp/2}
+  chmod 1777 "$DIR/tmp" "$DIR/node-tmp/1" "$DIR/node-tmp/2"
   export SLURM_CONF="$DIR/slurm.conf"
 }
 
@@ -55,10 +57,16 @@ node_prefix() {  # NODE_PREFIX=(the command line that runs a command on node 1|2
   # two "nodes" sharing the machine's /dev/shm attached the ranks of both nodes to one segment and MPI_Init
   # failed ("failed to unpack address", garbled PMI-2 requests). Jobs inherit slurmd's, so the ranks of one
   # node share theirs, and only they.
+  # A private temporary folder per node, shared by everything on that node, as a real node's /tmp is:
+  # DIR/node-tmp/I is bind-mounted on DIR/tmp, and TMPDIR points there, on every command of node I. So a
+  # file that node 1 writes through `tempfile` is, on node 2, missing at the same path (a checkpoint in
+  # node-local /tmp read back on another node fails here as on a cluster). /tmp itself stays shared:
+  # the checkout and this state folder may live under it.
   NODE_PREFIX=(nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation slave --
                sh -c 'mount --bind "$1" /etc/hosts && mount -t tmpfs -o mode=1777 ddlshm /dev/shm &&
-                      hostname "$0" && shift && exec "$@"'
-               "${NAMES[$((i - 1))]}" "$DIR/hosts")
+                      mount --bind "$2" "$3" && export TMPDIR="$3" &&
+                      hostname "$0" && shift 3 && exec "$@"'
+               "${NAMES[$((i - 1))]}" "$DIR/hosts" "$DIR/node-tmp/$i" "$DIR/tmp")
 }
 
 on_node() {  # on_node 1|2 CMD...
