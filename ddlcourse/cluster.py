@@ -60,9 +60,9 @@ from IPython import get_ipython
 from ddlcourse import dist
 # How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
 # started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
-from ddlcourse.launch import (ClusterError, allocation_has_gpus, allocation_nodes, allocation_tasks,  # noqa: F401
-                              available_cores, default_n, find_mpiexec, in_slurm_allocation, launch_command,
-                              may_span_hosts, mpiexec_flavor)
+from ddlcourse.launch import (PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus, allocation_nodes,  # noqa: F401
+                              allocation_tasks, available_cores, default_n, find_mpiexec, in_slurm_allocation,
+                              launch_command, may_span_hosts, mpiexec_flavor, pmi_cut)
 from ddlcourse.processes import (ENGINE_NAMES, alive as _alive, find_processes,  # noqa: F401
                                  kill_recorded as _kill_recorded, recorded_clusters, runtime_dir,
                                  slurm_steps as _slurm_steps, stop_all, this_host as _this_host)
@@ -87,6 +87,9 @@ class RankInfo:
 # waiting; at 0.5 s it takes 3.4 s (env/bench_cluster.py --heartbeat-ms 3000 1000 500 250 shows it). 60 missed
 # beats (30 s) before an engine counts as dead, as ipyparallel's 10 x 3 s.
 HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
+PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
+# The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
+ENGINE_MODULE = "ddlcourse.engine"
 
 
 def _describe_engine() -> dict:  # runs on an engine
@@ -153,7 +156,22 @@ class MPICluster:
         if self.running:
             return self
         send_notebook_classes_by_value()
+        for attempt in range(1, PMI_START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except ClusterError as e:
+                # Slurm's pmi2 plugin cut one of MPI_Init's PMI requests (see launch.PMI_CUT_SIGNS): not the
+                # notebook's fault, and a new launch works. Said, so that a slow start is explained.
+                if self._launcher_kind != "srun" or not pmi_cut(str(e)) or attempt == PMI_START_ATTEMPTS:
+                    raise
+                print(f"[cluster] MPI start-up broke inside Slurm's PMI (a request cut at 1024 bytes; see "
+                      f"env/slurm/README.md), attempt {attempt} of {PMI_START_ATTEMPTS}: starting the engines "
+                      "again", file=sys.stderr, flush=True)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "MPICluster":
         launcher, mpi_cmd, mpi_args = launch_command(self.n, self.launcher, self.threads_per_rank, self.mpiexec)
+        self._launcher_kind = launcher
         self._check_allocation(launcher)
         cores = available_cores()
         if launcher == "mpiexec" and not may_span_hosts(launcher) and self.n * self.threads_per_rank > cores:
@@ -175,7 +193,6 @@ class MPICluster:
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
                              f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
         )
-        self._launcher_kind = launcher
         if launcher == "srun":
             mpi_args = [*mpi_args, f"--job-name={cid}"]  # the step's name: how cleanup finds it (scancel)
         self._slurm_job = os.environ.get("SLURM_JOB_ID") if in_slurm_allocation() else None
@@ -183,6 +200,7 @@ class MPICluster:
         cfg = self._cluster.config
         cfg.MPIEngineSetLauncher.mpi_cmd = mpi_cmd
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args
+        cfg.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-m", ENGINE_MODULE]
         cfg.MPIEngineSetLauncher.environment = {"OMP_NUM_THREADS": str(self.threads_per_rank),
                                                 "DDLCOURSE_THREADS": str(self.threads_per_rank)}
         self._state_file = runtime_dir() / f"cluster-{cid}.json"
@@ -223,7 +241,7 @@ class MPICluster:
     def _wait_for_engines(self, launcher_exe: str) -> None:
         """Wait for every engine to register; fail at once if the launcher exits first (an engine's MPI_Init
         failed, srun refused the step), rather than after the whole timeout."""
-        deadline = time.perf_counter() + self.timeout
+        deadline, cut_at = time.perf_counter() + self.timeout, None
         while True:
             try:
                 self._rc.wait_for_engines(self.n, timeout=min(1.0, max(0.01, deadline - time.perf_counter())),
@@ -232,6 +250,12 @@ class MPICluster:
             except TimeoutError:
                 pass
             got = len(self._rc.ids)
+            if self._launcher_kind == "srun":   # ranks left waiting on a PMI fence after a cut request
+                out = self._launcher_output()
+                cut_at = cut_at or (time.perf_counter() if pmi_cut(out) else None)
+                if cut_at and time.perf_counter() - cut_at > PMI_CUT_GRACE:
+                    raise ClusterError(f"MPI start-up broke inside Slurm's PMI: {got} of {self.n} engines "
+                                       f"registered {PMI_CUT_GRACE:.0f} s after it. Launcher output:\n{out}")
             ended = [es for es in self._cluster.engines.values() if not es.running]
             if ended or time.perf_counter() >= deadline:
                 why = (f"the launcher ({self._launcher_kind}) exited after {got} of {self.n} engines registered"

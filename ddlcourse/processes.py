@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ipyparallel.controller",
+ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ddlcourse.engine", "ipyparallel.controller",
                 "hydra_pmi_proxy", "mpiexec")
 
 

@@ -1,6 +1,7 @@
 """How long an MPICluster takes to start and stop, phase by phase (issue 30: a 2-engine cluster in 4 s).
 
     .venv/bin/python env/bench_cluster.py [--n 2] [--reps 5] [--heartbeat-ms 3000 1000]
+    .venv/bin/python env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine   # torch preloaded or not
 
 Prints each repetition's phases, then the median and min-max of each, and the machine's load. A benchmark,
 not a test: nothing here asserts a time.
@@ -8,6 +9,7 @@ not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -21,26 +23,30 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--heartbeat-ms", type=int, nargs="*", default=[cluster.HEARTBEAT_MS],
                     help="the hub's heartbeat period(s); several are interleaved, repetition by repetition")
+    ap.add_argument("--engine", nargs="*", default=[cluster.ENGINE_MODULE],
+                    help="the engines' program(s), a module run with python -m: ddlcourse.engine (torch imported "
+                         "while the engine registers) or ipyparallel.engine (no preload); several are interleaved")
     a = ap.parse_args()
     for hb in a.heartbeat_ms:
         if hb <= 0:
             ap.error(f"--heartbeat-ms must be positive, got {hb}")
-    runs = {hb: [] for hb in a.heartbeat_ms}
+    variants = list(itertools.product(a.heartbeat_ms, a.engine))
+    runs = {v: [] for v in variants}
     for i in range(a.reps):
-        for hb in a.heartbeat_ms:
-            runs[hb].append(_one(a.n, hb))
-            print(f"rep {i + 1}, heartbeat {hb} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb][-1].items()),
-                  flush=True)
+        for hb, engine in variants:
+            runs[hb, engine].append(_one(a.n, hb, engine))
+            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine][-1].items()), flush=True)
     print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
-    for hb, rows in runs.items():
-        print(f"heartbeat {hb} ms:")
+    for (hb, engine), rows in runs.items():
+        print(f"heartbeat {hb} ms, engines {engine}:")
         for k in rows[0]:
             v = [r[k] for r in rows]
             print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
 
 
-def _one(n: int, heartbeat_ms: int) -> dict:
-    cluster.HEARTBEAT_MS = heartbeat_ms
+def _one(n: int, heartbeat_ms: int, engine: str) -> dict:
+    cluster.HEARTBEAT_MS, cluster.ENGINE_MODULE = heartbeat_ms, engine
     c = cluster.MPICluster(n=n, quiet=True)
     c.start()
     t0 = time.perf_counter()

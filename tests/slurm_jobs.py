@@ -3,14 +3,13 @@
 Launches of pip's MPICH under ``srun --mpi=pmi2`` break at start-up now and then: slurmstepd logs garbled
 requests ("mpi/pmi2: value not properly terminated in client request", "invalid client request"), then MPI_Init
 aborts or the ranks wait on the PMI fence. Two earlier guesses (a stale shared-memory segment of an earlier job;
-two "nodes" sharing /dev/shm) were fixed and the failure stayed. The cause is Slurm's: its pmi2 plugin reads a
-PMI-1 request with a single read() of 1024 bytes (src/plugins/mpi/pmi2/pmi1.c, "TODO: read until newline"),
-and MPICH puts its address table at MPI_Init in pieces of up to 1024 characters plus the command, which run
-over whenever their bytes compress badly (tests/test_slurm.py::test_long_pmi1_requests_are_cut shows the limit).
-The wheel's MPICH cannot speak PMI-2 (it aborts in MPIR_pmi_init), and its OFI network module, whose address is
+two "nodes" sharing /dev/shm) were fixed and the failure stayed. The cause is Slurm's, described at
+``ddlcourse.launch.PMI_CUT_SIGNS`` (tests/test_slurm.py::test_long_pmi1_requests_are_cut shows the limit). The
+wheel's MPICH cannot speak PMI-2 (it aborts in MPIR_pmi_init), and its OFI network module, whose address is
 short, deadlocks the course's rendezvous (a bcast left unprogressed on the sending rank). So a launch that shows
 those signs is retried, up to ATTEMPTS in all, each retry printed, and a job that hangs after them is cancelled
-after a grace period instead of at its time limit. env/slurm/README.md tells attendees the same.
+after a grace period instead of at its time limit; MPICluster.start does the same for its engines.
+env/slurm/README.md tells attendees the same.
 """
 from __future__ import annotations
 
@@ -20,15 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ddlcourse.launch import PMI_START_ATTEMPTS as ATTEMPTS, pmi_cut as pmi_flake  # noqa: F401  (see above)
+
 Slurm = Callable[[list[str]], subprocess.CompletedProcess]
-
-ATTEMPTS = 3   # launches of one test while start-up breaks in PMI (see above)
-PMI_SIGNS = ("mpi/pmi2: invalid client request", "mpi/pmi2: value not properly terminated")
-
-
-def pmi_flake(text: str) -> bool:
-    """The output of a launch shows MPICH's start-up under srun --mpi=pmi2 breaking."""
-    return ("MPI_Init_thread" in text and "failed" in text) or any(sign in text for sign in PMI_SIGNS)
 
 
 def _read(path: Path) -> str:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +93,9 @@ def test_start_report_run_stop_leaves_no_process(capsys):
         assert c.run(os.getpid) == [r.pid for r in ranks]  # view ordered by rank
         import torch
         assert c.run(torch.get_num_threads) == [1, 1]
+        # the engines are ddlcourse.engine, which imports torch while they register
+        cmdlines = [Path(f"/proc/{r.pid}/cmdline").read_bytes().split(b"\0") for r in ranks]
+        assert all(b"ddlcourse.engine" in argv for argv in cmdlines), cmdlines
         pids = _pids(c)
         assert len(pids) >= 4  # 2 engines, mpiexec, controller
     assert not c.running
@@ -196,3 +200,64 @@ def test_launch_flags_fit_the_launcher(monkeypatch, tmp_path):
     assert "--overlap" in args and "--mpi=pmi2" in args and "--gpu-bind=none" not in args
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
     assert "--gpu-bind=none" in cluster.launch_command(2, launcher="srun")[2]
+
+
+# ----------------------------------------------------------------- a start broken inside Slurm's PMI (issue 29)
+PMI_CUT = "slurmstepd-node2: error: mpi/pmi2: invalid client request"
+
+
+def test_a_start_broken_in_slurms_pmi_is_started_again_and_said(monkeypatch, capsys):
+    """srun's pmi2 plugin cuts a long PMI-1 request now and then (launch.PMI_CUT_SIGNS): start again, say so."""
+    tries = []
+
+    def start_once(fails: int, launcher: str = "srun", text: str = PMI_CUT):
+        def fake(self):
+            tries.append(1)
+            self._launcher_kind = launcher
+            if len(tries) <= fails:
+                raise ClusterError(f"the launcher (srun) exited. Launcher output:\n{text}")
+            return self
+        monkeypatch.setattr(MPICluster, "_start_once", fake)
+
+    c = MPICluster(n=2, quiet=True)
+    start_once(fails=2)
+    assert c.start() is c and len(tries) == 3
+    err = capsys.readouterr().err
+    assert "attempt 1 of 3" in err and "attempt 2 of 3" in err and "Slurm's PMI" in err
+    for fails, launcher, text, calls in [(5, "srun", PMI_CUT, 3),              # gives up after 3, with the error
+                                          (1, "srun", "ValueError: bad batch", 1),  # another error: at once
+                                          (1, "mpiexec", PMI_CUT, 1)]:          # not srun's plugin: at once
+        tries.clear()
+        start_once(fails, launcher, text)
+        with pytest.raises(ClusterError):
+            c.start()
+        assert len(tries) == calls, (launcher, text)
+
+
+def test_an_srun_start_that_hangs_after_a_cut_pmi_request_gives_up_in_seconds(tmp_path, monkeypatch, capsys):
+    """The ranks wait on the PMI fence forever after a cut request: each start gives up PMI_CUT_GRACE s after the
+    sign appeared in srun's output, not at its 120 s timeout; 3 launches in all; nothing is left running."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    launches = tmp_path / "launches"
+    (fake / "srun").write_text(f"#!/bin/sh\necho launch >> {launches}\necho '{PMI_CUT}' >&2\nexec sleep 307\n")
+    for tool in ("squeue", "scancel"):
+        (fake / tool).write_text("#!/bin/sh\nexit 0\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmi2")
+    monkeypatch.setattr(cluster, "PMI_CUT_GRACE", 1.0)
+    c = MPICluster(n=2, launcher="srun", timeout=120, quiet=True)
+    t0 = time.time()
+    with pytest.raises(ClusterError, match="broke inside Slurm's PMI") as e:
+        c.start()
+    assert PMI_CUT in str(e.value)
+    assert launches.read_text().split() == ["launch"] * 3
+    assert time.time() - t0 < 110, "the starts waited for their timeout (120 s) instead of giving up early"
+    assert "attempt 2 of 3" in capsys.readouterr().err
+    assert not c.running
+    left = subprocess.run(["pgrep", "-f", "sleep 307"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"a fake srun is still running: {left}"

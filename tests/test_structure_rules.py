@@ -218,7 +218,7 @@ TEMP_CALLS = {"mkdtemp", "mkstemp", "mktemp", "TemporaryDirectory", "NamedTempor
 
 # (module, function) -> why the temporary path never holds a checkpoint or a file another node reads.
 TEMP_ALLOWED = {
-    ("ddlcourse/cluster.py", "MPICluster.start"):
+    ("ddlcourse/cluster.py", "MPICluster._start_once"):
         "the cluster's ipyparallel profile folder: mkdtemp(dir=runtime_dir()) only makes a unique name under the "
         "course's runtime folder (the home or test root), never in the node's /tmp",
     ("ddlcourse/datapipe.py", "scratch_dir"):
