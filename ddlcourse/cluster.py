@@ -138,6 +138,7 @@ class MPICluster:
         self._steps_before: set[str] = set()
         self.start_seconds = float("nan")
         self.start_phases: dict[str, float] = {}   # seconds per phase of the last start
+        self.stop_phases: dict[str, float] = {}    # and of the last stop
         self.stop_seconds = float("nan")
         self.engine_output = ""  # what the engines printed, kept by a clean stop() instead of logged
 
@@ -356,6 +357,13 @@ class MPICluster:
             return
         t0 = time.perf_counter()
         c = self._cluster
+        phases, mark = {}, [t0]
+
+        def phase(name):        # seconds per phase of the stop (env/bench_cluster.py prints them)
+            now = time.perf_counter()
+            phases[name] = now - mark[0]
+            mark[0] = now
+
         try:
             asked = False
             if self._rc is not None and any(es.running for es in c.engines.values()):
@@ -372,6 +380,7 @@ class MPICluster:
                         proc.wait(timeout=10)
                     except Exception:
                         pass
+            phase("engines exited")
             if self._rc is not None:
                 try:
                     self._rc.close()
@@ -388,6 +397,7 @@ class MPICluster:
                 c.stop_cluster_sync()
             except Exception:
                 pass
+            phase("controller stopped")
         finally:
             state = json.loads(self._state_file.read_text()) if self._state_file and self._state_file.exists() else {}
             _kill_recorded(state)  # anything still alive (normally nothing)
@@ -406,6 +416,8 @@ class MPICluster:
             except Exception:
                 pass
             self._cluster = self._rc = self._view = self._watchdog = None
+            phase("cleaned up")
+            self.stop_phases = phases
             self.stop_seconds = time.perf_counter() - t0
             if not self.quiet:
                 print(f"MPI cluster stopped ({self.n} engine(s)).")

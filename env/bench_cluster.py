@@ -12,6 +12,8 @@ import argparse
 import itertools
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 from ddlcourse import cluster
@@ -43,6 +45,21 @@ def main() -> None:
         for k in rows[0]:
             v = [r[k] for r in rows]
             print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
+    # what an engine's exit costs (the stop waits for it): the exit-time collection, skipped by ddlcourse's gc.freeze
+    for imports in ("torch", "torch, ddlcourse"):
+        v = _exit_seconds(imports, a.reps)
+        print(f"a process that imported {imports}: exits in median {statistics.median(v):.2f} s "
+              f"(min {min(v):.2f}, max {max(v):.2f})")
+
+
+def _exit_seconds(imports: str, reps: int) -> list[float]:
+    """Seconds from a child Python's last statement to its exit, after ``import <imports>``."""
+    code = f"import {imports}; import sys, time; sys.stdout.write(repr(time.perf_counter())); sys.stdout.flush()"
+    out = []
+    for _ in range(reps):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out.append(time.perf_counter() - float(p.stdout))   # perf_counter: one monotonic clock for both
+    return out
 
 
 def _one(n: int, heartbeat_ms: int, engine: str) -> dict:
@@ -53,7 +70,8 @@ def _one(n: int, heartbeat_ms: int, engine: str) -> dict:
     c.run(cluster._describe_engine)              # the first call after start
     first = time.perf_counter() - t0
     c.stop()
-    return dict(c.start_phases, start=c.start_seconds, **{"first run": first}, stop=c.stop_seconds)
+    return dict(c.start_phases, start=c.start_seconds, **{"first run": first},
+                **{f"stop: {k}": v for k, v in c.stop_phases.items()}, stop=c.stop_seconds)
 
 
 if __name__ == "__main__":

@@ -236,3 +236,19 @@ def test_lazy_import_rule_allows_only_listed_pairs():
 def test_long_file_rule():
     assert long_files(_fake(a="x = 1\n" * MAX_LINES, plan="x = 1\n" * (MAX_LINES + 1))) == []
     assert long_files(_fake(a="x = 1\n" * (MAX_LINES + 1))) == [f"ddlcourse.a: {MAX_LINES + 1} lines"]
+
+
+def test_importing_the_package_skips_the_exit_collection():
+    """``import ddlcourse`` freezes the objects at exit (gc.freeze), so a process with torch loaded leaves in a
+    fraction of the time (env/bench_cluster.py prints both). The trade-off, shown here: a reference cycle's
+    finaliser no longer runs at exit; without the package it does."""
+    import subprocess
+    import sys
+
+    cycle = ("class A:\n    def __del__(self):\n        print('finalised at exit', flush=True)\n"
+             "a = A()\na.me = a\ndel a\n")
+    plain = subprocess.run([sys.executable, "-c", cycle], capture_output=True, text=True, check=True)
+    course = subprocess.run([sys.executable, "-c", "import ddlcourse\n" + cycle], capture_output=True, text=True,
+                            check=True, cwd=Path(__file__).resolve().parent.parent)
+    assert "finalised at exit" in plain.stdout
+    assert "finalised at exit" not in course.stdout
