@@ -113,8 +113,10 @@ if [ "$DRY" = 1 ]; then export CUDA_VISIBLE_DEVICES="" DDLCOURSE_ALLOW_CPU=1; fi
 SRUN_MPI=${DDLCOURSE_SRUN_MPI:-}
 SRUN_MPI_WHY="set by DDLCOURSE_SRUN_MPI"
 if [ -z "$SRUN_MPI" ]; then
-  SRUN_MPI_WHY=$("$PY" -m ddlcourse.checks srun-mpi --explain 2>&1 >/dev/null); SRUN_MPI_WHY=${SRUN_MPI_WHY#*: }
-  SRUN_MPI=$("$PY" -m ddlcourse.checks srun-mpi 2>/dev/null) || SRUN_MPI=""
+  # one Python start for both: the plugin on stdout, why on stderr (a file, so neither stream is lost)
+  WHY_FILE=$(mktemp)
+  SRUN_MPI=$("$PY" -m ddlcourse.checks srun-mpi --explain 2>"$WHY_FILE") || SRUN_MPI=""
+  SRUN_MPI_WHY=$(cat "$WHY_FILE"); SRUN_MPI_WHY=${SRUN_MPI_WHY#*: }; rm -f "$WHY_FILE"
   if [ -z "$SRUN_MPI" ]; then SRUN_MPI=pmi2 SRUN_MPI_WHY="could not ask mpi4py which MPI it uses; pmi2 assumed"; fi
 fi
 export DDLCOURSE_SRUN_MPI=$SRUN_MPI            # MPICluster (nbval) passes it to srun as well

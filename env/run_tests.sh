@@ -28,7 +28,7 @@ echo "[test] scale=$DDLCOURSE_SCALE run=$DDLCOURSE_TEST_RUN notebooks=${#NB[@]} 
 START=$(date +%s)
 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${WORKERS:-2}" --dist loadfile \
     --nbval-lax --nbval-sanitize-with tests/sanitize.cfg --nbval-cell-timeout 900 \
-    -o addopts="" -rfE --durations 15 "${TARGETS[@]}" "$@"
+    -o addopts="" -rfE --durations 20 "${TARGETS[@]}" "$@"
 RC=$?
 echo "[test] pytest exit code $RC after $(( $(date +%s) - START )) s"
 if [ $RC -eq 5 ]; then echo "[test] ERROR: no test was collected" >&2; RC=1; fi
