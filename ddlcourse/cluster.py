@@ -52,7 +52,9 @@ from pathlib import Path
 
 import cloudpickle
 import ipyparallel as ipp
+import psutil
 import torch
+from ipyparallel.error import EngineError
 from ipyparallel.serialize import canning
 from ipyparallel.serialize.canning import CannedObject
 from IPython import get_ipython
@@ -90,6 +92,20 @@ HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
 PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
 # The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
 ENGINE_MODULE = "ddlcourse.engine"
+
+
+def _launcher_ended(engine_set) -> bool:
+    """The launcher (mpiexec/srun) of an ipyparallel engine set has exited. Asked of the process itself: the
+    engine set notices an exit only while its event loop runs, which between the cluster's calls it does not."""
+    proc = getattr(engine_set, "process", None)   # a psutil.Process (ipyparallel's local launchers)
+    if not engine_set.running:
+        return True
+    if proc is None:
+        return False
+    try:   # an exited child nobody has reaped yet is a zombie
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _describe_engine() -> dict:  # runs on an engine
@@ -242,7 +258,7 @@ class MPICluster:
     def _wait_for_engines(self, launcher_exe: str) -> None:
         """Wait for every engine to register; fail at once if the launcher exits first (an engine's MPI_Init
         failed, srun refused the step), rather than after the whole timeout."""
-        deadline, cut_at = time.perf_counter() + self.timeout, None
+        deadline, cut_at, stopped = time.perf_counter() + self.timeout, None, False
         while True:
             try:
                 self._rc.wait_for_engines(self.n, timeout=min(1.0, max(0.01, deadline - time.perf_counter())),
@@ -250,6 +266,8 @@ class MPICluster:
                 return
             except TimeoutError:
                 pass
+            except EngineError:   # ipyparallel's word for "the launcher exited": said below, with its output
+                stopped = True
             got = len(self._rc.ids)
             if self._launcher_kind == "srun":   # ranks left waiting on a PMI fence after a cut request
                 out = self._launcher_output()
@@ -257,7 +275,7 @@ class MPICluster:
                 if cut_at and time.perf_counter() - cut_at > PMI_CUT_GRACE:
                     raise ClusterError(f"MPI start-up broke inside Slurm's PMI: {got} of {self.n} engines "
                                        f"registered {PMI_CUT_GRACE:.0f} s after it. Launcher output:\n{out}")
-            ended = [es for es in self._cluster.engines.values() if not es.running]
+            ended = stopped or any(_launcher_ended(es) for es in self._cluster.engines.values())
             if ended or time.perf_counter() >= deadline:
                 why = (f"the launcher ({self._launcher_kind}) exited after {got} of {self.n} engines registered"
                        if ended else f"only {got} of {self.n} engines registered within {self.timeout:.0f} s")
@@ -366,10 +384,14 @@ class MPICluster:
 
         try:
             asked = False
+            # Only registered engines can be asked to leave. A launcher none of whose engines registered (a failed
+            # start: srun hung on the PMI fence, a launcher that never started one) would not exit on its own:
+            # waiting for it only delayed the stop by the wait below, so it is stopped with the cluster at once.
             if self._rc is not None and any(es.running for es in c.engines.values()):
                 try:  # not block=True: an engine that died but is still registered never answers
-                    self._rc.shutdown(hub=False, block=False, targets="all")
-                    asked = True
+                    if self._rc.ids:
+                        self._rc.shutdown(hub=False, block=False, targets="all")
+                        asked = True
                 except Exception:
                     pass
             # wait for mpiexec/srun to exit on its own once the engines are gone (clean MPI_Finalize)

@@ -234,13 +234,18 @@ def test_a_start_broken_in_slurms_pmi_is_started_again_and_said(monkeypatch, cap
         assert len(tries) == calls, (launcher, text)
 
 
-def test_an_srun_start_that_hangs_after_a_cut_pmi_request_gives_up_in_seconds(tmp_path, monkeypatch, capsys):
-    """The ranks wait on the PMI fence forever after a cut request: each start gives up PMI_CUT_GRACE s after the
-    sign appeared in srun's output, not at its 120 s timeout; 3 launches in all; nothing is left running."""
+@pytest.mark.parametrize("then", ["hangs", "exits"])
+def test_an_srun_start_broken_in_slurms_pmi_gives_up_in_seconds_and_starts_again(then, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """After a cut PMI request the ranks either wait on the PMI fence forever (each start gives up PMI_CUT_GRACE s
+    after the sign appeared in srun's output, not at its 120 s timeout), or MPI_Init aborts and srun exits 1
+    (ipyparallel says "Engine set stopped"). Either way: a ClusterError with srun's output, 3 launches in all,
+    nothing left running."""
     fake = tmp_path / "bin"
     fake.mkdir()
     launches = tmp_path / "launches"
-    (fake / "srun").write_text(f"#!/bin/sh\necho launch >> {launches}\necho '{PMI_CUT}' >&2\nexec sleep 307\n")
+    end = "exec sleep 307" if then == "hangs" else "exit 1"
+    (fake / "srun").write_text(f"#!/bin/sh\necho launch >> {launches}\necho '{PMI_CUT}' >&2\n{end}\n")
     for tool in ("squeue", "scancel"):
         (fake / tool).write_text("#!/bin/sh\nexit 0\n")
     for f in fake.iterdir():
@@ -249,10 +254,11 @@ def test_an_srun_start_that_hangs_after_a_cut_pmi_request_gives_up_in_seconds(tm
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_NTASKS", "2")
     monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmi2")
-    monkeypatch.setattr(cluster, "PMI_CUT_GRACE", 1.0)
+    # hangs: a short grace, so that the grace is what ends each start; exits: a long one, so that it is the exit
+    monkeypatch.setattr(cluster, "PMI_CUT_GRACE", 1.0 if then == "hangs" else 60.0)
     c = MPICluster(n=2, launcher="srun", timeout=120, quiet=True)
     t0 = time.time()
-    with pytest.raises(ClusterError, match="broke inside Slurm's PMI") as e:
+    with pytest.raises(ClusterError, match="broke inside Slurm's PMI" if then == "hangs" else "launcher .srun. exited") as e:
         c.start()
     assert PMI_CUT in str(e.value)
     assert launches.read_text().split() == ["launch"] * 3
