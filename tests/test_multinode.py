@@ -15,7 +15,7 @@ here as it would on a real cluster. On 2 nodes x 2 tasks:
 5. notebook 00 under nbval with its engines on both nodes;
 6. each node has its own temporary folder: a file node 1 writes through ``tempfile`` is missing on node 2.
 
-Every notebook and lab on the two nodes is ``make rehearsal`` (env/multinode/rehearse.py), which .ci/run runs.
+Every notebook and lab on the two nodes is ``make rehearsal`` (env/multinode/rehearse.py).
 
 Needs root, network namespaces and Debian's slurm-wlm + munge (installed with apt-get if missing). Where
 that is impossible the cluster tests skip, with the reason. The first tests need no cluster: they check the
