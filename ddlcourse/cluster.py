@@ -94,6 +94,17 @@ PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cu
 ENGINE_MODULE = "ddlcourse.engine"
 
 
+def _phase_clock(phases: dict, t0: float):
+    """``phase(name)``: records in ``phases`` the seconds since the previous call (the first: since ``t0``)."""
+    mark = [t0]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = now - mark[0]
+        mark[0] = now
+    return phase
+
+
 def _launcher_ended(engine_set) -> bool:
     """The launcher (mpiexec/srun) of an ipyparallel engine set has exited. Asked of the process itself: the
     engine set notices an exit only while its event loop runs, which between the cluster's calls it does not."""
@@ -221,12 +232,8 @@ class MPICluster:
         cfg.MPIEngineSetLauncher.environment = {"OMP_NUM_THREADS": str(self.threads_per_rank),
                                                 "DDLCOURSE_THREADS": str(self.threads_per_rank)}
         self._state_file = runtime_dir() / f"cluster-{cid}.json"
-        phases, mark = {}, [t0]
-
-        def phase(name):        # seconds per start-up phase (env/bench_cluster.py prints them)
-            now = time.perf_counter()
-            phases[name] = now - mark[0]
-            mark[0] = now
+        phases = {}
+        phase = _phase_clock(phases, t0)   # seconds per start-up phase (env/bench_cluster.py)
 
         phase("configure")
         try:
@@ -375,12 +382,8 @@ class MPICluster:
             return
         t0 = time.perf_counter()
         c = self._cluster
-        phases, mark = {}, [t0]
-
-        def phase(name):        # seconds per phase of the stop (env/bench_cluster.py prints them)
-            now = time.perf_counter()
-            phases[name] = now - mark[0]
-            mark[0] = now
+        phases = {}
+        phase = _phase_clock(phases, t0)   # seconds per phase of the stop (env/bench_cluster.py)
 
         try:
             asked = False

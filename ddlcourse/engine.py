@@ -4,7 +4,7 @@ that it imports torch in a background thread while the engine starts up and regi
 Registration is mostly waiting (for the hub's heartbeats), and the first call on the engines needs torch
 anyway: ``MPICluster.start`` describes every rank right after registration, and that first call used to
 spend most of its time importing torch. Importing it during the wait takes that time out of the start;
-``env/bench_cluster.py --engine ipyparallel ddlcourse`` measures both, interleaved.
+``env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine`` measures both, interleaved.
 
 Only torch is preloaded, not the course's modules: they may initialise MPI (mpi4py), which belongs to the
 engine's main thread (``--mpi``), and torch imports nothing the engine's own start-up imports back.
