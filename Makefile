@@ -47,7 +47,7 @@ test-notebooks: env
 
 # The class rehearsed on two nodes: two Slurm nodes in network namespaces (env/multinode/two_nodes.sh), one
 # allocation of 2 x 2 tasks, every notebook and lab under nbval with its engines started by srun on both.
-# Needs root and Debian's slurm-wlm + munge (installed if missing). Not yet in .ci/run: see env/slurm/README.md.
+# Needs root and Debian's slurm-wlm + munge (installed if missing); .ci/run runs it after `make test`.
 rehearsal: env
 	@$(PY) env/multinode/rehearse.py
 

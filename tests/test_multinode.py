@@ -15,7 +15,7 @@ here as it would on a real cluster. On 2 nodes x 2 tasks:
 5. notebook 00 under nbval with its engines on both nodes;
 6. each node has its own temporary folder: a file node 1 writes through ``tempfile`` is missing on node 2.
 
-Every notebook and lab on the two nodes is ``make rehearsal`` (env/multinode/rehearse.py).
+Every notebook and lab on the two nodes is ``make rehearsal`` (env/multinode/rehearse.py), which .ci/run runs.
 
 Needs root, network namespaces and Debian's slurm-wlm + munge (installed with apt-get if missing). Where
 that is impossible the cluster tests skip, with the reason. The first tests need no cluster: they check the
@@ -96,6 +96,24 @@ def test_controller_listens_beyond_loopback_only_when_engines_may_be_elsewhere(m
     assert not cluster.may_span_hosts("mpiexec")     # one node: loopback is enough
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
     assert cluster.may_span_hosts("mpiexec")         # Hydra starts ranks on the other node too
+
+
+def test_a_term_during_the_teardown_waits_for_it_then_ends_the_process(tmp_path):
+    """The rehearsal was once killed half-way through tearing the nodes down, leaving both standing."""
+    code = f"""
+import os, signal, sys, time
+sys.path.insert(0, {str(ROOT / "env" / "multinode")!r})
+from harness import _signals_held
+signal.signal(signal.SIGTERM, lambda signum, frame: (print("handler", flush=True), sys.exit(143)))
+with _signals_held():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("teardown finished", flush=True)
+print("not reached", flush=True)
+"""
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["teardown", "finished", "handler"], p.stdout + p.stderr
+    assert p.returncode == 143
 
 
 def test_more_engines_than_tasks_is_a_clear_error(monkeypatch):

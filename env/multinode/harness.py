@@ -14,11 +14,13 @@ each node (by network namespace, ``ip netns pids``), and a teardown that runs ho
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,8 +90,9 @@ class TwoNodes:
     # ------------------------------------------------------------------ life cycle
     def _script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         env = clean_env(DDLCOURSE_MN_OWNER=str(self.owner))
+        # its own session: a TERM sent to our process group (CI's limit, a killed make) does not cut it short
         return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+                              timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def up(self) -> float:
         """Build the nodes and start Slurm; returns the seconds it took. Raises with the logs on failure."""
@@ -106,7 +109,8 @@ class TwoNodes:
         if not self._is_up:
             return
         self._is_up = False
-        p = self._script("down", str(self.dir))
+        with _signals_held():     # a TERM now must not abort the teardown half-way (it comes after)
+            p = self._script("down", str(self.dir))
         if p.returncode != 0:
             print(f"[multinode] two_nodes.sh down: {p.stdout}\n{p.stderr}", file=sys.stderr)
 
@@ -196,6 +200,23 @@ class TwoNodes:
             text = f.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {f.name}\n" + "\n".join(text))
         return "\n".join(out)
+
+
+@contextlib.contextmanager
+def _signals_held(signals=(signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
+    """Hold these signals for the block, then deliver each one that came to the handler of before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, frame: came.append(signum)) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(came):
+            os.kill(os.getpid(), sig)
 
 
 def _cmdline(pid: int) -> str | None:

@@ -13,7 +13,10 @@ the wrong host, a second job step that waits behind the engines.
 
 After the notebooks, while the allocation is still alive (so Slurm has cleaned nothing up yet), each node
 must hold nothing but the Slurm daemons: a leak fails the rehearsal. It also fails when no engine ran on
-node 2. The nodes are torn down however it ends. Exit status: pytest's, or 1 for a leak, 3 when two nodes
+node 2. Notebooks that fail are run once more in the same allocation, and the report names them
+("RETRIED"): a flaw of the course fails twice, while a launch broken by this one-machine Slurm (the PMI
+limit of env/slurm/README.md, a node slow under load) passes the second time. A cell that runs longer than
+CELL_TIMEOUT fails, so a hang costs minutes and names its cell. The nodes are torn down however it ends. Exit status: pytest's, or 1 for a leak, 3 when two nodes
 cannot be built here (needs root, network namespaces, and Debian's slurm-wlm + munge).
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ from harness import NODES, TwoNodes, children  # noqa: E402
 PY = sys.executable
 TASKS_PER_NODE = 2   # 4 engines in all: what the smoke and laptop scales start at most (checks.engines_needed)
 DONE = "REHEARSAL-PYTEST-DONE"
+CELL_TIMEOUT = 300   # s; the slowest cell takes about 40 s here, so a hang fails in minutes and names its cell
 
 
 def notebooks(paths: list[str]) -> list[str]:
@@ -79,27 +83,43 @@ def main(argv: list[str] | None = None) -> int:
                         DDLCOURSE_RESULTS=str(results), OMP_NUM_THREADS="1", MPLBACKEND="Agg",
                         PYTHONHASHSEED="0", PYDEVD_DISABLE_FILE_VALIDATION="1", PYTHONUNBUFFERED="1")
         pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", "--durations", "10",
-                  "--nbval-lax", "--nbval-sanitize-with", "tests/sanitize.cfg", "--nbval-cell-timeout", "900"]
+                  "-v", "--nbval-lax", "--nbval-sanitize-with", "tests/sanitize.cfg",
+                  "--nbval-cell-timeout", str(CELL_TIMEOUT)]
         pytest += ["-n", str(args.workers), "--dist", "loadfile"] if args.workers > 1 else ["-p", "no:xdist"]
-        # the shell inside the allocation: run pytest, say so, then hold the allocation until we have looked
-        script = f'"$@"; rc=$?; echo "{DONE} $rc"; read go; exit $rc'
+        # the shell inside the allocation: for each line we send, pytest on those notebooks, then say so and hold
+        # the allocation until we have looked; an empty line ends it
+        script = f'while read -r nbs && [ -n "$nbs" ]; do "$@" $nbs </dev/null; echo "{DONE} $?"; done'
         print(f"[rehearsal] {len(nbs)} notebook(s) at scale {args.scale}, inside salloc -N2 "
               f"--ntasks-per-node={TASKS_PER_NODE}, srun --mpi={srun_mpi}, {args.workers} worker(s)", flush=True)
         proc = nodes.popen(1, ["salloc", "-N2", f"--ntasks-per-node={TASKS_PER_NODE}", "--immediate=120",
-                               f"--time={args.time_limit}", "sh", "-c", script, "sh", *pytest, *nbs],
+                               f"--time={args.time_limit}", "sh", "-c", script, "sh", *pytest],
                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        rc, leaks, job = None, {}, None
+        rc, first_rc, leaks, job, failed, retried = None, None, {}, None, set(), []
+        proc.stdin.write(" ".join(nbs) + "\n")
+        proc.stdin.flush()
         try:
             for line in proc.stdout:
                 print(line, end="", flush=True)
                 job = job or (re.search(r"Granted job allocation (\d+)", line) or [None, None])[1]
+                bad = re.match(r"(?:FAILED|ERROR) ((?:notebooks|labs)/\S+?\.ipynb)", line)
+                if bad:
+                    failed.add(bad[1])
                 if line.startswith(DONE):
                     rc = int(line.split()[1])
                     allowed = {proc.pid, *children(proc.pid)}   # salloc and its shell
                     for pid in list(allowed):
                         allowed.update(children(pid))
                     leaks = {i: nodes.wait_clean(i, allowed) for i in (1, 2)}
-                    proc.stdin.write("\n")
+                    again = ""
+                    if first_rc is None and rc != 0 and failed and not any(leaks.values()):
+                        # once, the notebooks that failed: a flaw of the course fails again; a launch broken by
+                        # this one-machine Slurm (PMI, a slow node) passes, and the report says it happened
+                        first_rc, retried = rc, sorted(failed)
+                        failed = set()
+                        print(f"[rehearsal] {len(retried)} notebook(s) failed; running them once more: "
+                              f"{' '.join(retried)}", flush=True)
+                        again = " ".join(retried)
+                    proc.stdin.write(again + "\n")
                     proc.stdin.flush()
             proc.wait(timeout=120)
         finally:
@@ -116,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             on_node2 = len(re.findall(rf"launch task StepId={job}\.\d+ ", log2))
         minutes = (time.perf_counter() - t0) / 60
         print(f"[rehearsal] pytest exit {rc}; {on_node2} job step(s) ran on {NODES[2][0]}; {minutes:.1f} min")
+        if retried:
+            verdict = "passed" if rc == 0 else "FAILED again"
+            print(f"[rehearsal] RETRIED: {' '.join(retried)} failed in the first pass (pytest exit {first_rc}) and "
+                  f"{verdict} in the second; the first pass's failures are above")
         left = {i: procs for i, procs in leaks.items() if procs}
         if left:
             print("[rehearsal] FAIL: left running after the notebooks, with the allocation still alive:")
@@ -128,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return rc
     finally:
-        nodes.down()
-        subprocess.run(["rm", "-rf", str(runtime), str(results), str(state)], check=False)
+        try:
+            nodes.down()      # a TERM that comes during it is held until the nodes are gone, then ends us
+        finally:
+            subprocess.run(["rm", "-rf", str(runtime), str(results), str(state)], check=False)
 
 
 if __name__ == "__main__":
