@@ -8,7 +8,7 @@
   run CASE [--scale S] [--backend B] [--fresh] [key=value ...]
                                train a case study (run under mpiexec -n N or srun); run CASE --help
                                lists its settings with their values at --scale
-  plan [--scale S]             memory budget of every notebook and lab at a scale profile (per GPU and
+  plan [--scale S] [--measure] memory budget of every notebook and lab at a scale profile (per GPU and
                                per node); exit status 1 when something does not fit
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _cmd_clusters(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    return plan.main(args.scale)
+    return plan.main_measure(args.scale) if args.measure else plan.main(args.scale)
 
 
 def main(argv=None) -> int:
@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     cl.add_argument("--orphans", action="store_true", help="only clusters whose starting process is gone")
     pl = sub.add_parser("plan", help="memory budget per GPU and per node of every section")
     pl.add_argument("--scale", default="cluster", help="smoke | laptop | cluster (default: cluster)")
+    pl.add_argument("--measure", action="store_true",
+                    help="on a GPU: run each workload once and compare the allocator's peak with the estimate")
     # listed for the overview only: `run` has its own parser (ddlcourse.training.cli), reached below
     sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
     argv = sys.argv[1:] if argv is None else list(argv)

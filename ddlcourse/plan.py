@@ -19,7 +19,12 @@ How each number is estimated (the same text is printed under the table):
   itself (inputs and targets) is counted too: it lives on the device during the step. Tested against a real
   CPU forward+backward (:func:`ddlcourse.memory.measure`) within 10%.
 * **Other** (in the GPU total): the gradients that flow during backward, taken as twice the largest saved
-  tensor, plus :data:`CUDA_OVERHEAD` for the CUDA context, cuDNN/cuBLAS workspaces and allocator slack.
+  tensor, plus :data:`CUDA_OVERHEAD` for the CUDA context (:data:`CUDA_CONTEXT_BYTES`) and the cuDNN/cuBLAS
+  workspaces and allocator slack (:data:`WORKSPACE_BYTES`). Both from one H200 (torch 2.11, CUDA 13.0, cuDNN 9,
+  2026-11-28, ``plan --measure`` in env/gpu_smoke.sh): 769 MiB of device memory lay outside the caching
+  allocator once torch, cuDNN and cuBLAS were loaded; the largest workspace of the course's workloads was the
+  backward of lab 2's 2-D section UNet, whose peak rose from 0.96 GiB with cuDNN off to 2.14 GiB with it on
+  (1.18 GiB of workspace). ``plan --measure`` runs every workload once on a GPU and compares.
 * **Communicators, contexts, second copies** (the ``comm+ctx`` column, in the GPU total): what GPU 0 holds
   besides the workload, counted per section by :data:`OVERHEADS` (see :func:`overheads`). GPU 0 is the
   busiest GPU: local rank 0 belongs to every "first k ranks" subgroup, and the notebook kernel runs there.
@@ -36,10 +41,11 @@ How each number is estimated (the same text is printed under the table):
     the work FIFO, the proxy state, the point-to-point channels that send/recv and all_to_all open, and on
     H100 NVSwitch nodes the NVLS buffers. Measured per-communicator figures on 8-GPU nodes run 0.5-1.6 GB
     (the figure the course's issue 29 quotes); 1 GiB is that range's middle, and it is set once here.
-    A communicator of one rank has no peers and no channel buffers: :data:`NCCL_SOLO_BYTES` (64 MiB: the
-    work FIFO and device-side state).
-  - :data:`CUDA_CONTEXT_BYTES` (512 MiB, the top of the 300-500 MB a context of a recent CUDA costs with
-    torch's kernels loaded) for every *other* process with a context on GPU 0: the notebook kernel (it may
+    A communicator of one rank has no peers and no channel buffers, but NCCL's own device code and state
+    still load: :data:`NCCL_SOLO_BYTES` (560 MiB; measured 558 MiB of device memory for a 1-rank NCCL group
+    and its first allreduce on the H200 above, NCCL 2.28.9).
+  - :data:`CUDA_CONTEXT_BYTES` (768 MiB, measured as above) for every *other* process with a context on
+    GPU 0: the notebook kernel (it may
     touch ``cuda:0``, e.g. ``rank_device()`` off the ranks), a second cluster started while the first one is
     alive (no notebook does it: :func:`ddlcourse.checks.notebook_clusters` says so, and a test checks it), a job
     launched beside the engines (notebook 24's Horovod timeline). Each such process on the
@@ -58,6 +64,7 @@ Sections with no meaningful device memory are listed apart, with the reason (:da
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -80,10 +87,11 @@ GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smalle
 HOST_BUDGET = 64 * GiB           # host memory per rank (a node of 8 GPUs with 512 GB)
 GPUS_PER_NODE = 8                # the allocation env/slurm/README.md and env/GPU_CLUSTER.md document
 MiB = 2 ** 20
-CUDA_OVERHEAD = 1 * GiB          # CUDA context + library workspaces + caching-allocator slack, per GPU
+CUDA_CONTEXT_BYTES = 768 * MiB   # a process's CUDA context with torch, cuDNN and cuBLAS loaded (measured, below)
+WORKSPACE_BYTES = 5 * GiB // 4   # cuDNN/cuBLAS workspaces and allocator slack inside the caching allocator (below)
+CUDA_OVERHEAD = CUDA_CONTEXT_BYTES + WORKSPACE_BYTES   # per GPU, on top of the workload's tensors
 NCCL_COMM_BYTES = 1 * GiB        # one NCCL communicator of 2+ ranks on an 8-GPU node (see the module docstring)
-NCCL_SOLO_BYTES = 64 * MiB       # one NCCL communicator of 1 rank: no peers, no channel buffers
-CUDA_CONTEXT_BYTES = 512 * MiB   # one more process's CUDA context on the same GPU
+NCCL_SOLO_BYTES = 560 * MiB      # one NCCL communicator of 1 rank: no peers, but NCCL's device code (measured)
 PROCESS_OVERHEAD = 3 * GiB       # Python, torch, CUDA runtime and MPI buffers on the host, per process
 
 # tensors of the parameters' size kept per parameter; "soap" adds its preconditioner matrices (see below)
@@ -740,8 +748,8 @@ model state and activations are host memory (the GPU columns show them; no GPU i
     parameters' size; SOAP 2 + two d x d matrices per dimension d of each parameter.
   act: tensors autograd saves for backward (each storage once, parameters left out) plus the batch, from the real
     model's forward + loss on meta tensors of the per-rank batch shape (nothing allocated).
-  other: 2 x the largest saved tensor (gradients in flight during backward) + {_g(CUDA_OVERHEAD)} GiB CUDA context,
-    workspaces and allocator slack.
+  other: 2 x the largest saved tensor (gradients in flight during backward) + {_g(CUDA_OVERHEAD)} GiB: CUDA context
+    ({_g(CUDA_CONTEXT_BYTES)}), cuDNN/cuBLAS workspaces and allocator slack ({_g(WORKSPACE_BYTES)}), measured on an H200.
   comm+ctx: GPU 0's NCCL communicators ({_g(NCCL_COMM_BYTES)} GiB each, {_g(NCCL_SOLO_BYTES)} GiB for one of 1 rank: world,
     subgroups, mesh dimensions, Horovod's), {_g(CUDA_CONTEXT_BYTES)} GiB per other process's CUDA context on it
     (notebook kernel, a second cluster or job) and second copies (notebook 24's compiled model, notebook 22's traffic measurement).
@@ -774,6 +782,84 @@ def format_plan(rows: list[Row], scale: str) -> str:
             lines.append("OVER BUDGET: " + b)
     lines.append(FOOTER)
     return "\n".join(lines)
+
+
+# =========================================================================== the estimate against a real GPU
+@dataclass
+class Measured:
+    section: str
+    workload: str
+    estimated: int        # weights + grads + activations + the gradients in flight (2 x the largest saved tensor)
+    peak: int             # what the caching allocator handed out over one forward and backward on the GPU
+    budget: int           # what the plan gives it inside the allocator: estimated + WORKSPACE_BYTES
+
+    @property
+    def ratio(self) -> float:
+        return self.peak / max(self.estimated, 1)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+
+def measure_workload(section: str, w: Workload, device) -> Measured:
+    """One real forward and backward of ``w`` at its per-rank batch on the CUDA ``device``: the allocator's peak
+    (parameters, gradients, saved activations, gradients in flight, cuDNN/cuBLAS workspaces) against the plan.
+
+    The optimizer state is left out of both sides: its size is exact arithmetic (see :data:`OPT_STATES`), and
+    what a GPU can show is whether the activation and workspace figures of :func:`estimate` hold."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"measuring the plan needs a CUDA device (got {dev}): the allocator's peak is the figure")
+    est = estimate(section, w)
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.manual_seed(0)
+    model = w.model().to(dev)
+    if w.prepare is not None:
+        model = w.prepare(model)
+    inputs, target = w.batch(dev)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    (w.loss or F.cross_entropy)(model(*inputs), target).backward()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    del model, inputs, target
+    estimated = est.weights + est.grads + est.activations + est.other - CUDA_OVERHEAD
+    return Measured(section, w.label, estimated, peak, estimated + WORKSPACE_BYTES)
+
+
+def measure(scale: str | None = None, device="cuda", sections=None, progress=print) -> list[Measured]:
+    """:func:`measure_workload` for every GPU workload (not those that run in the notebook's kernel)."""
+    out = []
+    for section in sections or [name for name in config.PROFILES if name in SECTIONS]:
+        for w in workloads(section, scale):
+            if w.on_host:
+                continue
+            m = measure_workload(section, w, device)
+            out.append(m)
+            if progress:
+                progress(f"measured {m.section:<28}{m.workload[:44]:<45} estimated {_g(m.estimated):>6} GiB  "
+                         f"peak {_g(m.peak):>6} GiB  x{m.ratio:5.2f}  {'fits' if m.fits else 'OVER the plan'}")
+    return out
+
+
+def main_measure(scale: str | None = None) -> int:
+    """``plan --measure``: every GPU workload once on this machine's GPU; exit 1 when one exceeds its plan."""
+    scale = config.get_scale(scale)
+    if not torch.cuda.is_available():
+        print("python -m ddlcourse plan --measure: no CUDA device here; the measurement needs a GPU "
+              "(env/gpu_smoke.sh runs it as the check 'plan')", file=sys.stderr)
+        return 2
+    got = measure(scale, "cuda:0", progress=lambda line: print(line, flush=True))
+    over = [m for m in got if not m.fits]
+    sized = [m for m in got if m.estimated >= GiB // 10] or got      # ratios of a few MiB say nothing
+    worst = max(sized, key=lambda m: m.ratio)
+    print(f"plan --measure ({scale}, {torch.cuda.get_device_name(0)}): {len(got)} workloads, {len(over)} over "
+          f"their plan; peak/estimate from {min(m.ratio for m in sized):.2f} to {worst.ratio:.2f} over the "
+          f"{len(sized)} of 0.1 GiB or more (highest: {worst.section}, {worst.workload})")
+    return 1 if over else 0
 
 
 def main(scale: str | None = None) -> int:

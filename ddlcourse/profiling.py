@@ -412,10 +412,32 @@ def main(argv=None) -> int:
     h.add_argument("file")
     for k, v in (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3)):
         h.add_argument(f"--{k}", type=int, default=v)
+    st = sub.add_parser("step", help="profile a DDP step on every rank (under mpiexec or srun) and print its "
+                                     "phases: env/gpu_smoke.sh's check that the profile reads right on a GPU")
+    for k, v in (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3)):
+        st.add_argument(f"--{k}", type=int, default=v)
     a = p.parse_args(argv)
     if a.cmd == "horovod-timeline":
         horovod_timeline_job(a.file, a.dim, a.hidden, a.depth, a.batch, a.steps)
+    elif a.cmd == "step":
+        return step_job(a.dim, a.hidden, a.depth, a.batch, a.steps)
     return 0
+
+
+def step_job(dim: int, hidden: int, depth: int, batch: int, steps: int) -> int:
+    """One rank: :func:`profile_step`, then one line of what it read. Exit 1 when a phase is missing."""
+    info = dist.init(horovod=False)
+    try:
+        res = profile_step(dim, hidden, depth, batch, steps=steps, device=info.device)
+    finally:
+        dist.shutdown()
+    ph = res["phases"]
+    # one rank has nothing to reduce: NCCL then launches no kernel at all for DDP's in-place allreduce
+    missing = [k for k in (*PHASES, "allreduce")[:None if res["world_size"] > 1 else -1] if not ph[k] > 0]
+    print(f"profile: rank {res['rank']} of {res['world_size']} on {info.device}: {len(res['steps'])} steps; "
+          + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in ph.items()) + f"; exposed {1e3 * res['exposed']:.3f} ms"
+          + (f"; PROBLEM: no time in {', '.join(missing)}" if missing else ""), flush=True)
+    return 1 if missing or len(res["steps"]) != steps else 0
 
 
 if __name__ == "__main__":

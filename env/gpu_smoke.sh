@@ -8,6 +8,8 @@
 #   bash env/gpu_smoke.sh --only build,ids,check  # a subset, a minute
 #   sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=8 env/gpu_smoke.sh
 #
+#   bash env/gpu_smoke.sh --local                 # no Slurm: this machine's GPUs, one rank each (mpiexec); the
+#                                                 # checks that need Slurm or more GPUs than it has are SKIPped
 #   bash env/gpu_smoke.sh --dry-run               # no GPU, no Slurm: the same sequence on CPU ranks (mpiexec)
 #   bash env/gpu_smoke.sh --list                  # the check ids
 #
@@ -36,11 +38,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [ -d "$HERE/../ddlcourse" ]; then ROOT=$(cd "$HERE/.." && pwd); else ROOT=${SLURM_SUBMIT_DIR:-$PWD}; fi  # sbatch runs a copy
 cd "$ROOT" || exit 2
 case "${DDLCOURSE_SMOKE_DRY_RUN:-0}" in ""|0) DRY=0 ;; *) DRY=1 ;; esac
-ONLY="" LAUNCHER="" LOGDIR=${DDLCOURSE_SMOKE_LOGS:-} LIST=0 RANKS=${DDLCOURSE_SMOKE_RANKS:-2}
+ONLY="" LAUNCHER="" LOGDIR=${DDLCOURSE_SMOKE_LOGS:-} LIST=0 LOCAL=0 RANKS=${DDLCOURSE_SMOKE_RANKS:-}
 usage() { sed -n '2,/^#SBATCH/p' "$HERE/gpu_smoke.sh" 2>/dev/null | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
+    --local) LOCAL=1 ;;
     --only) ONLY=${2:?--only needs a comma-separated list of check ids}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
     --launcher) LAUNCHER=${2:?--launcher needs srun or mpiexec}; shift ;;
@@ -64,7 +67,7 @@ NOTEBOOKS=(${DDLCOURSE_SMOKE_NOTEBOOKS:-notebooks labs})
 TIMEOUT=${DDLCOURSE_SMOKE_TIMEOUT:-900}
 CLUSTER_TIMEOUT=${DDLCOURSE_SMOKE_CLUSTER_TIMEOUT:-7200}
 
-IDS=(build pmi ids.srun ids.mpiexec check engines)
+IDS=(build pmi ids.srun ids.mpiexec check profile plan engines)
 for c in "${CASES[@]}"; do for b in "${BACKENDS[@]}"; do IDS+=("lab.$c.$b"); done; done
 IDS+=(bench_ddp sbatch.lab sbatch.engines nbval_cluster bench.ddp bench.horovod nbval)
 if [ "$LIST" = 1 ]; then printf '%s\n' "${IDS[@]}"; exit 0; fi
@@ -87,9 +90,10 @@ case "$LAUNCHER" in ""|srun|mpiexec) ;; *) echo "gpu_smoke: --launcher must be s
 # ------------------------------------------------------------------------------------------------ the allocation
 IN_SLURM=0
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "${SLURM_NTASKS:-${SLURM_NPROCS:-}}" ] && command -v srun >/dev/null; then IN_SLURM=1; fi
-if [ "$DRY" = 0 ] && [ "$IN_SLURM" = 0 ]; then
+[ "$LOCAL" = 1 ] && IN_SLURM=0                # --local: this machine alone, even inside an allocation
+if [ "$DRY" = 0 ] && [ "$IN_SLURM" = 0 ] && [ "$LOCAL" = 0 ]; then
   echo "gpu_smoke: not inside a Slurm allocation with srun (SLURM_JOB_ID/SLURM_NTASKS unset)." >&2
-  echo "  Run it under salloc or sbatch on GPU nodes, or use --dry-run for the CPU form." >&2
+  echo "  Run it under salloc or sbatch on GPU nodes, --local on a machine with GPUs, or --dry-run for the CPU form." >&2
   exit 2
 fi
 if [ "$IN_SLURM" = 1 ]; then
@@ -100,11 +104,19 @@ if [ "$IN_SLURM" = 1 ]; then
   [ -z "$TPN" ] && TPN=$(( (NTASKS + NNODES - 1) / NNODES ))
   GPN=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}; GPN=${GPN##*:}               # "h100:4" -> 4
   THREADS=${SLURM_CPUS_PER_TASK:-1}
+elif [ "$DRY" = 0 ]; then                       # --local: one rank per GPU of this machine
+  GPN=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "$GPN" = 0 ]; then
+    echo "gpu_smoke: --local, but nvidia-smi lists no GPU on $(hostname); use --dry-run for the CPU form." >&2
+    exit 2
+  fi
+  NNODES=1 NTASKS=${RANKS:-$GPN}
+  TPN=$NTASKS THREADS=$(( $(nproc) / NTASKS )); [ "$THREADS" -lt 1 ] && THREADS=1
 else
-  NNODES=1 NTASKS=$RANKS TPN=$RANKS GPN=0 THREADS=1
+  NNODES=1 NTASKS=${RANKS:-2} TPN=${RANKS:-2} GPN=0 THREADS=1
 fi
 [ "$DRY" = 1 ] && GPN=0                       # the CPU form: no rank looks for a GPU it would not find
-[ -z "$LAUNCHER" ] && { [ "$DRY" = 0 ] && LAUNCHER=srun || LAUNCHER=mpiexec; }
+[ -z "$LAUNCHER" ] && { [ "$IN_SLURM" = 1 ] && [ "$DRY" = 0 ] && LAUNCHER=srun || LAUNCHER=mpiexec; }
 export OMP_NUM_THREADS=$THREADS DDLCOURSE_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN} TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 export PYTHONUNBUFFERED=1
@@ -198,8 +210,9 @@ REQ_CUDA=(); [ "$DRY" = 0 ] && REQ_CUDA=(--require-cuda)
 # ------------------------------------------------------------------------------------------------ the checks
 check_build() {   # every node: torch sees the GPUs, torch has NCCL, Horovod was built with NCCL
   need_gpu build || return 0
-  run_logged build "$TIMEOUT" srun --ntasks="$NNODES" --ntasks-per-node=1 --gpu-bind=none \
-      "$PY" -m ddlcourse.checks build --require-gpu
+  local on_nodes=(srun --ntasks="$NNODES" --ntasks-per-node=1 --gpu-bind=none)
+  [ "$IN_SLURM" = 0 ] && on_nodes=()            # --local: this host
+  run_logged build "$TIMEOUT" "${on_nodes[@]}" "$PY" -m ddlcourse.checks build --require-gpu
   if [ "$RC" = 0 ]; then report build PASS "$(logline build '^host ' | cut -d: -f2-) $(logline build 'GPU\(s\)')" "$SECS"
   else
     local why; why=$(grep '^PROBLEM: ' "$LOGDIR/build.log" | sed 's/^PROBLEM: //' | sort -u | paste -sd ';' | sed 's/;/; /g')
@@ -240,6 +253,29 @@ check_check() {   # allreduce: mpi4py, torch.distributed, Horovod; CPU tensor on
   fi
 }
 
+check_profile() { # notebook 24's profile of a DDP step: each phase read once per step; on GPUs from the device's kernels
+  launch "$LAUNCHER"
+  run_logged profile "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse.profiling step --steps 3
+  local lines on_gpu; lines=$(grep -c '^profile: rank ' "$LOGDIR/profile.log"); on_gpu=$(grep -c '^profile: rank .* on cuda' "$LOGDIR/profile.log")
+  if [ "$RC" != 0 ]; then
+    local why; why=$(grep -m1 -oE 'PROBLEM: .*|expected [0-9]+ profiled steps.*' "$LOGDIR/profile.log" | cut -c1-200)
+    report profile FAIL "${why:-$(last_error profile)}" "$SECS"
+  elif [ "$lines" != "$NTASKS" ]; then report profile FAIL "$lines of $NTASKS rank(s) printed their profile" "$SECS"
+  elif [ "$DRY" = 0 ] && [ "$on_gpu" != "$NTASKS" ]; then report profile FAIL "only $on_gpu of $NTASKS rank(s) profiled on a GPU" "$SECS"
+  else report profile PASS "$NTASKS ranks: $(logline profile '^profile: rank 0 ' | cut -d: -f3- | cut -c1-150)" "$SECS"; fi
+}
+
+check_plan() {    # the planner's estimate against one real step of every workload at cluster scale, on one GPU
+  need_gpu plan || return 0
+  local on_gpu=(srun --ntasks=1 --nodes=1 --gpu-bind=none)
+  [ "$IN_SLURM" = 0 ] && on_gpu=()
+  run_logged plan "$TIMEOUT" env DDLCOURSE_SCALE=cluster "${on_gpu[@]}" "$PY" -m ddlcourse plan --scale cluster --measure
+  local verdict; verdict=$(logline plan '^plan --measure')
+  if [ "$RC" = 0 ] && [ -n "$verdict" ]; then report plan PASS "${verdict#*: }" "$SECS"
+  elif [ -n "$verdict" ]; then report plan FAIL "${verdict#*: }; $(logline plan 'OVER the plan' | cut -c1-120)" "$SECS"
+  else report plan FAIL "$(last_error plan)" "$SECS"; fi
+}
+
 check_lab() {     # check_lab CASE BACKEND: the lab's CLI at smoke scale; on GPUs every rank must use its GPU
   local case=$1 backend=$2 id=lab.$1.$2 results=$LOGDIR/results/$2
   launch "$LAUNCHER"
@@ -269,10 +305,12 @@ check_bench() {   # the synthetic benchmark; the figure is printed, never judged
 }
 
 check_nbval() {   # every notebook at smoke scale inside this allocation (engines via srun on GPU nodes)
-  if [ "$IN_SLURM" = 1 ]; then
+  if [ "$IN_SLURM" = 1 ] || [ "$DRY" = 0 ]; then
     local need; need=$("$PY" -m ddlcourse.checks engines --scale smoke 2>/dev/null || echo 0)
-    if [ "$need" -gt "$NTASKS" ]; then
+    if [ "$need" -gt "$NTASKS" ] && [ "$IN_SLURM" = 1 ]; then
       report nbval FAIL "the notebooks start up to $need engines at smoke scale; this allocation has $NTASKS task(s)"; return 0
+    elif [ "$need" -gt "$NTASKS" ]; then
+      report nbval SKIP "the notebooks start up to $need engines at smoke scale, one per GPU; this machine has $NTASKS"; return 0
     fi
   fi
   run_logged nbval $((4 * TIMEOUT)) env DDLCOURSE_SCALE=smoke DDLCOURSE_RUNTIME_DIR="$LOGDIR/runtime" \
@@ -356,6 +394,7 @@ check_bench_ddp() {   # python -m ddlcourse.bench_ddp: DDP (gloo), DDP + MPI hoo
 # inside an allocation would wait for the nodes this allocation holds. Dry run: the template's own dry-run form.
 check_sbatch() {
   local which=$1 id=sbatch.$1 tpl=$ROOT/env/slurm/$1.sbatch args=()
+  if [ "$DRY" = 0 ]; then need_srun "$id" || return 0; fi
   [ "$which" = lab ] && args=(check)
   if [ "$DRY" = 1 ]; then
     run_logged "$id" 120 env DDLCOURSE_DRY_RUN=1 DDLCOURSE_PYTHON="$PY" bash "$tpl" "${args[@]}"
@@ -402,7 +441,8 @@ recheck_logs() {
 }
 
 # ------------------------------------------------------------------------------------------------ run them
-MODE="GPU allocation"; [ "$DRY" = 1 ] && MODE="dry run (CPU ranks, no GPU)"
+MODE="GPU allocation"; [ "$LOCAL" = 1 ] && MODE="this machine's GPUs (--local, no Slurm)"
+[ "$DRY" = 1 ] && MODE="dry run (CPU ranks, no GPU)"
 echo "gpu_smoke: $MODE; $NNODES node(s), $NTASKS task(s), $TPN per node, $GPN GPU(s) per node, $THREADS thread(s) per rank"
 echo "gpu_smoke: launcher $LAUNCHER; srun --mpi=$SRUN_MPI ($SRUN_MPI_WHY); mpiexec $MPIEXEC; python $PY"
 echo "gpu_smoke: logs in $LOGDIR"
@@ -417,6 +457,8 @@ for id in "${IDS[@]}"; do
     ids.srun) check_ids srun ;;
     ids.mpiexec) check_ids mpiexec ;;
     check) check_check ;;
+    profile) check_profile ;;
+    plan) check_plan ;;
     engines) check_engines ;;
     bench_ddp) check_bench_ddp ;;
     sbatch.*) check_sbatch "${id#sbatch.}" ;;

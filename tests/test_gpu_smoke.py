@@ -65,7 +65,7 @@ def test_syntax_list_and_usage_errors():
 @pytest.mark.slow
 def test_dry_run_fast_subset_passes_and_skips_what_needs_a_gpu(tmp_path):
     logs = tmp_path / "logs"
-    p = _smoke("--only", "build,ids,check,lab.maize.ddp", "--log-dir", str(logs),
+    p = _smoke("--only", "build,ids,check,profile,plan,lab.maize.ddp", "--log-dir", str(logs),
                env=_env(DDLCOURSE_SMOKE_DRY_RUN="1"))
     print(p.stdout[-3000:], p.stderr[-2000:])
     got = _lines(p.stdout)
@@ -75,8 +75,10 @@ def test_dry_run_fast_subset_passes_and_skips_what_needs_a_gpu(tmp_path):
     assert got["ids.mpiexec"] == ("PASS", got["ids.mpiexec"][1]) and "2 rank(s) on 1 host(s)" in got["ids.mpiexec"][1]
     assert got["check"][0] == "PASS" and "CUDA allreduces skipped: no CUDA" in got["check"][1]
     assert got["lab.maize.ddp"][0] == "PASS" and "2 ranks via mpiexec" in got["lab.maize.ddp"][1]
-    assert set(got) == {"build", "ids.srun", "ids.mpiexec", "check", "lab.maize.ddp"}  # --only: nothing else
-    assert f"logs in {logs}" in p.stdout and "3 PASS, 0 FAIL, 2 SKIP" in p.stdout
+    assert got["profile"][0] == "PASS" and got["profile"][1].startswith("2 ranks: ") and "3 steps" in got["profile"][1]
+    assert got["plan"] == ("SKIP", "no GPU (dry run on CPU ranks)")
+    assert set(got) == {"build", "ids.srun", "ids.mpiexec", "check", "profile", "plan", "lab.maize.ddp"}  # --only
+    assert f"logs in {logs}" in p.stdout and "4 PASS, 0 FAIL, 3 SKIP" in p.stdout
     # each check's log holds what its line was judged on
     ids_log = (logs / "ids.mpiexec.log").read_text()
     # rank, host, local rank, device, GPU, CUDA_VISIBLE_DEVICES (emptied by the dry run)
@@ -88,7 +90,30 @@ def test_dry_run_fast_subset_passes_and_skips_what_needs_a_gpu(tmp_path):
     assert re.search(r"rank 0 \(cpu\): cpu tensor via torch.distributed \(default group, \S+\): \[3.0, 3.0, 3.0, 3.0\] ok",
                      check_log)
     assert list((logs / "results" / "ddp" / "maize").glob("result*.json")), "the lab wrote no result under the log dir"
-    assert (logs / "summary.txt").read_text().splitlines()[-1].startswith("gpu_smoke: 3 PASS, 0 FAIL, 2 SKIP")
+    assert (logs / "summary.txt").read_text().splitlines()[-1].startswith("gpu_smoke: 4 PASS, 0 FAIL, 3 SKIP")
+    # the profile read each of notebook 24's phases once per step on both ranks
+    assert len(re.findall(r"^profile: rank [01] of 2 on cpu: 3 steps; forward .* ms, backward .* ms, optimizer .* ms, "
+                          r"allreduce .* ms; exposed", (logs / "profile.log").read_text(), re.M)) == 2
+
+
+def test_local_form_takes_one_rank_per_gpu_of_this_machine_and_skips_what_needs_slurm(tmp_path):
+    """--local: a machine with GPUs and no Slurm (a workstation, a lone GPU server)."""
+    none = _smoke("--local", "--only", "pmi", env=_env(PATH=f"{tmp_path}:{os.environ['PATH']}"))
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\necho 'GPU 1: Fake GPU (UUID: GPU-1)'\n")
+    fake.chmod(0o755)
+    if "GPU " not in subprocess.run(["sh", "-c", "nvidia-smi -L || true"], capture_output=True, text=True).stdout:
+        assert none.returncode == 2 and "nvidia-smi lists no GPU" in none.stderr and "--dry-run" in none.stderr
+    p = _smoke("--local", "--only", "pmi,ids.srun,sbatch,nbval", "--log-dir", str(tmp_path / "logs"),
+               env=_env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_NTASKS="8"))
+    got = _lines(p.stdout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "this machine's GPUs (--local, no Slurm); 1 node(s), 2 task(s), 2 per node, 2 GPU(s) per node" in p.stdout
+    assert "launcher mpiexec" in p.stdout
+    for id in ("pmi", "ids.srun", "sbatch.lab", "sbatch.engines"):
+        assert got[id] == ("SKIP", "no Slurm allocation (srun) here"), (id, p.stdout)
+    # the notebooks start up to 4 engines, one per GPU: two GPUs are too few, and that is not a failure here
+    assert got["nbval"][0] == "SKIP" and "one per GPU; this machine has 2" in got["nbval"][1]
 
 
 @pytest.mark.mpi

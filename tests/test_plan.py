@@ -90,3 +90,21 @@ def test_cli_fails_and_names_what_does_not_fit(capsys, monkeypatch):
     assert cli(["plan", "--scale", "smoke"]) == 1
     out = capsys.readouterr().out
     assert "OVER BUDGET: loss_integrity (" in out and "GiB over the 0.00 GiB GPU" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU form: a GPU runs the measurement itself")
+def test_measure_needs_a_gpu_and_says_where_it_runs(capsys):
+    """``plan --measure`` is a GPU check (env/gpu_smoke.sh's 'plan'): on CPU a clear refusal, no traceback."""
+    assert cli(["plan", "--scale", "smoke", "--measure"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a GPU" in err and "gpu_smoke.sh" in err
+    w = plan.workloads("data_parallel", "smoke")[0]
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        plan.measure_workload("data_parallel", w, "cpu")
+
+
+def test_a_measured_peak_over_the_plan_is_named():
+    m = plan.Measured("lab_maize", "segmentation", estimated=4 * plan.GiB, peak=6 * plan.GiB,
+                      budget=5 * plan.GiB)
+    assert not m.fits and m.ratio == 1.5
+    assert plan.Measured("s", "w", estimated=4, peak=3, budget=5).fits
