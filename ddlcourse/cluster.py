@@ -89,6 +89,9 @@ class RankInfo:
 # waiting; at 0.5 s it takes 3.4 s (env/bench_cluster.py --heartbeat-ms 3000 1000 500 250 shows it). 60 missed
 # beats (30 s) before an engine counts as dead, as ipyparallel's 10 x 3 s.
 HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
+# On one host, launch the engines together with the controller rather than once it is up: they import while
+# it starts (env/bench_cluster.py --engines-start with after compares both).
+ENGINES_WITH_CONTROLLER = True
 PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
 # The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
 ENGINE_MODULE = "ddlcourse.engine"
@@ -225,6 +228,10 @@ class MPICluster:
             mpi_args = [*mpi_args, f"--job-name={cid}"]  # the step's name: how cleanup finds it (scancel)
         self._slurm_job = os.environ.get("SLURM_JOB_ID") if in_slurm_allocation() else None
         self._steps_before = set(_slurm_steps(self._slurm_job)) if self._slurm_job else set()
+        # On one host the engines start with the controller and read its connection file from the profile
+        # folder once it is written (ddlcourse.engine waits for it); across hosts that folder may not be
+        # shared, so ipyparallel waits for the controller and hands the engines its connection in the environment.
+        self._cluster.send_engines_connection_env = multi_host or not ENGINES_WITH_CONTROLLER
         cfg = self._cluster.config
         cfg.MPIEngineSetLauncher.mpi_cmd = mpi_cmd
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args

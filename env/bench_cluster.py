@@ -2,6 +2,7 @@
 
     .venv/bin/python env/bench_cluster.py [--n 2] [--reps 5] [--heartbeat-ms 3000 1000]
     .venv/bin/python env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine   # torch preloaded or not
+    .venv/bin/python env/bench_cluster.py --engines-start with after   # engines launched with the controller or after
 
 Prints each repetition's phases, then the median and min-max of each, and the machine's load. A benchmark,
 not a test: nothing here asserts a time.
@@ -28,20 +29,24 @@ def main() -> None:
     ap.add_argument("--engine", nargs="*", default=[cluster.ENGINE_MODULE],
                     help="the engines' program(s), a module run with python -m: ddlcourse.engine (torch imported "
                          "while the engine registers) or ipyparallel.engine (no preload); several are interleaved")
+    ap.add_argument("--engines-start", nargs="*", choices=["with", "after"],
+                    default=["with" if cluster.ENGINES_WITH_CONTROLLER else "after"],
+                    help="on one host, launch the engines with the controller (they read its connection file when "
+                         "it comes) or after it is up (ipyparallel's default); several are interleaved")
     a = ap.parse_args()
     for hb in a.heartbeat_ms:
         if hb <= 0:
             ap.error(f"--heartbeat-ms must be positive, got {hb}")
-    variants = list(itertools.product(a.heartbeat_ms, a.engine))
+    variants = list(itertools.product(a.heartbeat_ms, a.engine, a.engines_start))
     runs = {v: [] for v in variants}
     for i in range(a.reps):
-        for hb, engine in variants:
-            runs[hb, engine].append(_one(a.n, hb, engine))
-            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine][-1].items()), flush=True)
+        for hb, engine, when in variants:
+            runs[hb, engine, when].append(_one(a.n, hb, engine, when == "with"))
+            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine, when][-1].items()), flush=True)
     print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
-    for (hb, engine), rows in runs.items():
-        print(f"heartbeat {hb} ms, engines {engine}:")
+    for (hb, engine, when), rows in runs.items():
+        print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller:")
         for k in rows[0]:
             v = [r[k] for r in rows]
             print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
@@ -62,8 +67,9 @@ def _exit_seconds(imports: str, reps: int) -> list[float]:
     return out
 
 
-def _one(n: int, heartbeat_ms: int, engine: str) -> dict:
+def _one(n: int, heartbeat_ms: int, engine: str, with_controller: bool) -> dict:
     cluster.HEARTBEAT_MS, cluster.ENGINE_MODULE = heartbeat_ms, engine
+    cluster.ENGINES_WITH_CONTROLLER = with_controller
     c = cluster.MPICluster(n=n, quiet=True)
     c.start()
     t0 = time.perf_counter()

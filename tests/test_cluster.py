@@ -267,3 +267,40 @@ def test_an_srun_start_broken_in_slurms_pmi_gives_up_in_seconds_and_starts_again
     assert not c.running
     left = subprocess.run(["pgrep", "-f", "sleep 307"], capture_output=True, text=True).stdout.split()
     assert left == [], f"a fake srun is still running: {left}"
+
+
+def test_an_engine_started_before_its_controller_reads_only_a_whole_connection_file(tmp_path, monkeypatch):
+    """On one host the engines start with the controller (ddlcourse.engine waits for its file while it imports)."""
+    import threading
+
+    from ddlcourse import engine
+    monkeypatch.setenv("IPP_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("IPP_CLUSTER_ID", "ddl-1234")
+    monkeypatch.delenv("IPP_CONNECTION_INFO", raising=False)
+    path = engine.connection_file()
+    assert path == tmp_path / "security" / "ipcontroller-ddl-1234-engine.json"
+    path.parent.mkdir()
+    path.write_text('{"interface": "tcp://127.0.0.1", "regis')        # the controller is writing it
+    assert not engine.wait_for_connection_file(path, timeout=0.2)      # half a file is not a file
+    threading.Timer(0.3, lambda: path.write_text('{"interface": "tcp://127.0.0.1", "registration": 5}')).start()
+    t0 = time.monotonic()
+    assert engine.wait_for_connection_file(path, timeout=10)
+    assert 0.25 < time.monotonic() - t0 < 5
+    # engines on other hosts get the connection in their environment: nothing to wait for
+    monkeypatch.setenv("IPP_CONNECTION_INFO", "{}")
+    assert engine.connection_file() is None
+
+
+def test_engines_wait_for_the_controller_only_across_hosts(monkeypatch):
+    seen = {}
+
+    def fake_start_controller(self):
+        seen["send_env"] = self._cluster.send_engines_connection_env
+        raise ClusterError("stop here")
+
+    monkeypatch.setattr(cluster.ipp.Cluster, "start_controller_sync", lambda c: fake_start_controller(mpc),
+                        raising=False)
+    mpc = MPICluster(n=2, quiet=True, launcher="mpiexec")
+    with pytest.raises(ClusterError, match="stop here"):
+        mpc._start_once()
+    assert seen["send_env"] is False          # one host: the engines start with the controller
