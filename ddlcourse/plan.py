@@ -74,6 +74,7 @@ from torch.nn import functional as F
 
 from ddlcourse import config, federated, hpsearch as hp, integrity, memory, synthetic_bench as sb
 from ddlcourse.data import maize as maize_data, seismic as seismic_data
+from ddlcourse.device import synchronize
 from ddlcourse.memory import SavedTensors
 from ddlcourse.models import maize as maize_models, seismic as seismic_models, transformer as tf
 from ddlcourse.models.driving import MultiViewNet
@@ -812,7 +813,7 @@ def measure_workload(section: str, w: Workload, device) -> Measured:
     if dev.type != "cuda":
         raise ValueError(f"measuring the plan needs a CUDA device (got {dev}): the allocator's peak is the figure")
     est = estimate(section, w)
-    torch.cuda.synchronize(dev)
+    synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
@@ -823,7 +824,7 @@ def measure_workload(section: str, w: Workload, device) -> Measured:
     inputs, target = w.batch(dev)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     (w.loss or F.cross_entropy)(model(*inputs), target).backward()
-    torch.cuda.synchronize(dev)
+    synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev) - base
     del model, inputs, target
     estimated = est.weights + est.grads + est.activations + est.other - CUDA_OVERHEAD
