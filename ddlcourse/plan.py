@@ -827,7 +827,7 @@ def measure_workload(section: str, w: Workload, device) -> Measured:
     synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev) - base
     del model, inputs, target
-    estimated = est.weights + est.grads + est.activations + est.other - CUDA_OVERHEAD
+    estimated = est.state - est.optimizer          # the optimizer state is left out of both sides
     return Measured(section, w.label, estimated, peak, estimated + WORKSPACE_BYTES)
 
 

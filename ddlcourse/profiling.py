@@ -46,6 +46,7 @@ from ddlcourse.launch import launch_command
 from ddlcourse.models.small import MLP
 
 PHASES = ("forward", "backward", "optimizer")            # the ranges the step opens
+STEP_SIZES = (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3))   # the CLI's defaults
 SYNC = "sync"                                           # the barrier that starts every profiled step
 COMM_NAMES = ("gloo:all_reduce", "nccl:all_reduce")      # the collective's own events (CPU and GPU)
 COMPUTE_PREFIX = "autograd::engine::evaluate_function:"  # one backward node's work
@@ -410,11 +411,11 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("horovod-timeline", help="train a few Horovod steps with HOROVOD_TIMELINE=FILE (under mpiexec)")
     h.add_argument("file")
-    for k, v in (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3)):
+    for k, v in STEP_SIZES:
         h.add_argument(f"--{k}", type=int, default=v)
     st = sub.add_parser("step", help="profile a DDP step on every rank (under mpiexec or srun) and print its "
                                      "phases: env/gpu_smoke.sh's check that the profile reads right on a GPU")
-    for k, v in (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3)):
+    for k, v in STEP_SIZES:
         st.add_argument(f"--{k}", type=int, default=v)
     a = p.parse_args(argv)
     if a.cmd == "horovod-timeline":
@@ -433,7 +434,8 @@ def step_job(dim: int, hidden: int, depth: int, batch: int, steps: int) -> int:
         dist.shutdown()
     ph = res["phases"]
     # one rank has nothing to reduce: NCCL then launches no kernel at all for DDP's in-place allreduce
-    missing = [k for k in (*PHASES, "allreduce")[:None if res["world_size"] > 1 else -1] if not ph[k] > 0]
+    needed = (*PHASES, "allreduce") if res["world_size"] > 1 else PHASES
+    missing = [k for k in needed if not ph[k] > 0]
     print(f"profile: rank {res['rank']} of {res['world_size']} on {info.device}: {len(res['steps'])} steps; "
           + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in ph.items()) + f"; exposed {1e3 * res['exposed']:.3f} ms"
           + (f"; PROBLEM: no time in {', '.join(missing)}" if missing else ""), flush=True)
