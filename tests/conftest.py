@@ -57,12 +57,57 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ----------------------------------------------------------------------------- helpers for tests
+FORKSERVER = Path(__file__).resolve().parent / "rank_forkserver.py"
+_forkserver: dict = {}
+
+
+def _forkserver_socket() -> str | None:
+    """This process's rank fork server (tests/rank_forkserver.py), started on first use; None if it will not.
+
+    DDLCOURSE_TEST_FORKSERVER=0 turns it off: every rank is then a fresh ``python -c``."""
+    if os.environ.get("DDLCOURSE_TEST_FORKSERVER", "1") == "0":
+        return None
+    if "socket" not in _forkserver:
+        import atexit
+        import signal
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="ddl-forkserver-")
+        path = os.path.join(folder, "s")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("PYTHONUNBUFFERED", None)
+        log = open(os.path.join(folder, "log"), "wb")
+        proc = subprocess.Popen([sys.executable, str(FORKSERVER), "serve", path], env=env, cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+        def stop():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server and any rank it still has
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            import shutil
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(stop)
+        deadline = time.time() + 120
+        while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        _forkserver["socket"] = path if os.path.exists(path) else None
+    return _forkserver["socket"]
+
+
 def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure."""
+    """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure.
+
+    Each rank is forked from this worker's fork server, which has imported torch once (tests/rank_forkserver.py
+    says what it keeps and what it refuses); without one, it is a fresh ``python -c code``."""
     from ddlcourse.cluster import find_mpiexec
 
-    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
-           sys.executable, "-c", code]
+    sock = _forkserver_socket()
+    rank = [sys.executable, "-c", code] if sock is None else [sys.executable, "-S", str(FORKSERVER), "run", sock, code]
+    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1", *rank]
     full_env = dict(os.environ, **(env or {}))
     if "PYTHONUNBUFFERED" not in (env or {}):
         # Unbuffered, print() writes its arguments one by one and the ranks' words interleave in mpiexec's

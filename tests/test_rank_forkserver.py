@@ -1,0 +1,62 @@
+"""The test suite's rank fork server (tests/rank_forkserver.py): a forked rank behaves as a ``python -c`` rank."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import _forkserver_socket, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+# how a rank tells whether it was forked by the server or started by mpiexec's proxy itself
+PARENT = "import os\nPARENT = open(f'/proc/{os.getppid()}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
+
+
+@pytest.fixture(autouse=True)
+def server():
+    if _forkserver_socket() is None:
+        pytest.skip("the fork server is off (DDLCOURSE_TEST_FORKSERVER=0)")
+
+
+def test_a_forked_rank_runs_its_code_as_python_c_does():
+    code = PARENT + (
+        "import sys, random, numpy as np\n"
+        "from mpi4py import MPI\n"
+        "c = MPI.COMM_WORLD\n"
+        "draws = c.gather((random.random(), float(np.random.rand())))\n"
+        "total = c.allreduce(c.rank + 1)\n"
+        "def f(): pass\n"
+        "if c.rank == 0:\n"
+        "    print('forked', 'rank_forkserver.py serve' in PARENT, sys.argv, __name__, f.__module__, total,\n"
+        "          len(set(draws)) == len(draws), repr(sys.path[0]), os.getcwd())\n"
+    )
+    out = run_mpi(3, code).stdout.split()
+    assert out == ["forked", "True", "['-c']", "__main__", "__main__", "6", "True", "''", os.getcwd()], out
+
+
+def test_exit_status_and_traceback_reach_mpiexec():
+    with pytest.raises(AssertionError, match=r"failed \(3\)"):
+        run_mpi(2, "import sys\nsys.exit(3)\n")
+    with pytest.raises(AssertionError) as err:
+        run_mpi(2, "x = 1\nraise ValueError('boom')\n")
+    assert 'File "<string>", line 2, in <module>' in str(err.value) and "ValueError: boom" in str(err.value)
+    assert "rank_forkserver" not in str(err.value), "the traceback starts at the rank's code"
+
+
+def test_an_environment_read_at_import_is_not_forked_but_run_fresh():
+    code = PARENT + "import torch\nprint('fresh', 'rank_forkserver' not in PARENT, torch.get_num_threads())\n"
+    out = run_mpi(2, code, env={"TORCH_SHOW_CPP_STACKTRACES": "1"}).stdout.split()
+    assert out[:2] == ["fresh", "True"], out
+
+
+def test_a_killed_mpiexec_takes_its_forked_ranks_with_it():
+    with pytest.raises(subprocess.TimeoutExpired) as err:
+        run_mpi(2, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n", timeout=8)
+    pids = [int(word) for word in (err.value.stdout or b"").split()]
+    assert len(pids) == 2, err.value.stdout
+    deadline = time.time() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a forked rank outlived its mpiexec"
