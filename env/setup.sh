@@ -46,6 +46,14 @@ EXTRA=()
 [ -n "${DDLCOURSE_TORCH_INDEX:-}" ] && EXTRA=(--extra-index-url "$DDLCOURSE_TORCH_INDEX")
 
 echo "[setup] installing the locked packages (torch pinned to the CPU build by env/constraints.txt)"
+# Horovod's build needs torch, MPICH and CMake only: they go in first (with their dependencies, at the lock's
+# versions), then Horovod builds in the background while pip installs the rest of the lock.
+"${PIP[@]}" install -q -c "$ROOT/env/constraints.txt" -c "$ROOT/env/requirements.lock" "${EXTRA[@]}" \
+    torch mpich cmake numpy setuptools wheel 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+HVD_LOG=$(mktemp)
+setsid bash "$ROOT/env/build_horovod.sh" "$VENV" --build-only >"$HVD_LOG" 2>&1 &
+HVD_PID=$!
+trap 'kill -- -"$HVD_PID" 2>/dev/null; rm -f "$HVD_LOG"' EXIT  # the build and its compilers, if setup stops early
 # --no-deps: the lock is complete, so pip installs exactly it and never swaps torch; 'pip check' verifies it.
 "${PIP[@]}" install -q --no-deps -c "$ROOT/env/constraints.txt" "${EXTRA[@]}" -r "$ROOT/env/requirements.lock" \
     2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
@@ -57,6 +65,9 @@ if torch.version.cuda is not None and "--cuda-ok" not in sys.argv:
 PY
 
 echo "[setup] Horovod"
+HVD_RC=0; wait "$HVD_PID" || HVD_RC=$?
+cat "$HVD_LOG"
+[ "$HVD_RC" = 0 ] || exit "$HVD_RC"
 bash "$ROOT/env/build_horovod.sh" "$VENV"
 
 echo "[setup] installing ddlcourse (editable)"
