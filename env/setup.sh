@@ -53,7 +53,7 @@ echo "[setup] installing the locked packages (torch pinned to the CPU build by e
 HVD_LOG=$(mktemp)
 setsid bash "$ROOT/env/build_horovod.sh" "$VENV" --build-only >"$HVD_LOG" 2>&1 &
 HVD_PID=$!
-trap 'kill -- -"$HVD_PID" 2>/dev/null; rm -f "$HVD_LOG"' EXIT  # the build and its compilers, if setup stops early
+trap 'kill -- -"$HVD_PID" 2>/dev/null || true; rm -f "$HVD_LOG"' EXIT  # the build and its compilers, if setup stops early
 # --no-deps: the lock is complete, so pip installs exactly it and never swaps torch; 'pip check' verifies it.
 "${PIP[@]}" install -q --no-deps -c "$ROOT/env/constraints.txt" "${EXTRA[@]}" -r "$ROOT/env/requirements.lock" \
     2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
