@@ -116,31 +116,47 @@ def serve(comm, shard: np.ndarray, workers, steps: int, lr: float, sync: bool = 
     SGD step, and send the new shard to all workers. ``sync=False``: apply each gradient as it arrives
     (``lr / len(workers)`` per gradient, the same total step size) and answer that worker alone; a gradient's
     *staleness* is the number of updates applied since its worker last received the parameters.
+
+    Every worker's next gradient has its own posted receive (``Irecv`` from that worker, then ``Waitall`` or
+    ``Waitany``), not one receive from ``MPI.ANY_SOURCE``. MPICH posts an any-source receive on shared memory
+    and on the network at once, a path with a history of hangs (pmodels/mpich#4221, #6027, #7217); a two-node
+    rehearsal of notebook 09, with one worker beside the server and two on the other node, once hung in
+    ``train_async`` while the server received that way.
     """
     from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
     workers = list(workers)
     W = len(workers)
-    g = np.empty_like(shard)
+    grads = [np.empty_like(shard) for _ in workers]
+    left = [steps] * W                      # gradients each worker has still to send
+    reqs = [comm.Irecv(grads[i], source=w, tag=GRAD) for i, w in enumerate(workers)] if steps else []
     version, sent_at, staleness = 0, {w: 0 for w in workers}, []
-    status = MPI.Status()
     count = counter if counter is not None else {"sent": 0, "received": 0}
+
+    def take(i: int) -> np.ndarray:
+        """Worker ``i``'s gradient has arrived: count it and post the receive of its next one."""
+        left[i] -= 1
+        count["received"] += grads[i].nbytes
+        g = grads[i].copy()
+        if left[i]:
+            reqs[i] = comm.Irecv(grads[i], source=workers[i], tag=GRAD)
+        return g
+
     for _ in range(steps):
         if sync:
+            MPI.Request.Waitall(reqs)
             total = np.zeros_like(shard)
-            for _ in range(W):
-                comm.Recv(g, source=MPI.ANY_SOURCE, tag=GRAD)
-                total += g
-                count["received"] += g.nbytes
+            for i in range(W):
+                total += take(i)
             shard -= lr * total / W
             version += 1
             send_params(comm, shard, workers)
             count["sent"] += W * shard.nbytes
         else:
             for _ in range(W):
-                comm.Recv(g, source=MPI.ANY_SOURCE, tag=GRAD, status=status)
-                w = status.Get_source()
-                count["received"] += g.nbytes
+                i = MPI.Request.Waitany(reqs)
+                w = workers[i]
+                g = take(i)
                 staleness.append(version - sent_at[w])
                 shard -= lr / W * g
                 version += 1
