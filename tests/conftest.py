@@ -57,12 +57,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ----------------------------------------------------------------------------- helpers for tests
-FORKSERVER = Path(__file__).resolve().parent / "rank_forkserver.py"
+FORKSERVER = ROOT / "ddlcourse" / "forkserver.py"
 _forkserver: dict = {}
 
 
 def _forkserver_socket() -> str | None:
-    """This process's rank fork server (tests/rank_forkserver.py), started on first use; None if it will not.
+    """This process's rank fork server (ddlcourse/forkserver.py), started on first use; None if it will not.
 
     DDLCOURSE_TEST_FORKSERVER=0 turns it off: every rank is then a fresh ``python -c``."""
     if os.environ.get("DDLCOURSE_TEST_FORKSERVER", "1") == "0":
@@ -101,7 +101,7 @@ def _forkserver_socket() -> str | None:
 def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure.
 
-    Each rank is forked from this worker's fork server, which has imported torch once (tests/rank_forkserver.py
+    Each rank is forked from this worker's fork server, which has imported torch once (ddlcourse/forkserver.py
     says what it keeps and what it refuses); without one, it is a fresh ``python -c code``."""
     from ddlcourse.cluster import find_mpiexec
 

@@ -1,4 +1,4 @@
-"""The test suite's rank fork server (tests/rank_forkserver.py): a forked rank behaves as a ``python -c`` rank."""
+"""The test suite's rank fork server (ddlcourse/forkserver.py): a forked rank behaves as a ``python -c`` rank."""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,7 @@ def test_a_forked_rank_runs_its_code_as_python_c_does():
         "total = c.allreduce(c.rank + 1)\n"
         "def f(): pass\n"
         "if c.rank == 0:\n"
-        "    print('forked', 'rank_forkserver.py serve' in PARENT, sys.argv, __name__, f.__module__, total,\n"
+        "    print('forked', 'forkserver.py serve' in PARENT, sys.argv, __name__, f.__module__, total,\n"
         "          len(set(draws)) == len(draws), repr(sys.path[0]), os.getcwd())\n"
     )
     out = run_mpi(3, code).stdout.split()
@@ -42,11 +42,11 @@ def test_exit_status_and_traceback_reach_mpiexec():
     with pytest.raises(AssertionError) as err:
         run_mpi(2, "x = 1\nraise ValueError('boom')\n")
     assert 'File "<string>", line 2, in <module>' in str(err.value) and "ValueError: boom" in str(err.value)
-    assert "rank_forkserver" not in str(err.value), "the traceback starts at the rank's code"
+    assert "forkserver.py" not in str(err.value), "the traceback starts at the rank's code"
 
 
 def test_an_environment_read_at_import_is_not_forked_but_run_fresh():
-    code = PARENT + "import torch\nprint('fresh', 'rank_forkserver' not in PARENT, torch.get_num_threads())\n"
+    code = PARENT + "import torch\nprint('fresh', 'forkserver.py' not in PARENT, torch.get_num_threads())\n"
     out = run_mpi(2, code, env={"TORCH_SHOW_CPP_STACKTRACES": "1"}).stdout.split()
     assert out[:2] == ["fresh", "True"], out
 

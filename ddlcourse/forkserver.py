@@ -21,8 +21,8 @@ PMI socket that MPI_Init talks to ``mpiexec`` through), and the server forks a c
 The ranks are still separate processes under ``mpiexec``, with their own MPI_Init: only the import is shared.
 Each child reseeds ``random`` and NumPy's global generator from the OS, as a fresh interpreter would.
 
-    python tests/rank_forkserver.py serve SOCKET     # the server (conftest starts one per pytest worker)
-    python -S tests/rank_forkserver.py run SOCKET CODE  # a rank (what mpiexec starts)
+    python ddlcourse/forkserver.py serve SOCKET     # the server (conftest starts one per pytest worker)
+    python -S ddlcourse/forkserver.py run SOCKET CODE  # a rank (what mpiexec starts)
 """
 from __future__ import annotations
 
