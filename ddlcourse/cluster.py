@@ -19,6 +19,9 @@ What it does for you (and why):
 * a private profile directory per cluster, so nothing is written into ``~/.ipython``;
 * a blocking ``DirectView`` whose engines are ordered by MPI rank, and ``%px`` set up for
   repeatable output;
+* a quick start on one host: the engines are forked from a server that has imported torch once
+  (:func:`ddlcourse.forkserver.shared`), which the process's first cluster starts and its later clusters
+  reuse; it ends when the process does, killed or not;
 * a clean stop with no stray processes: engines are shut down, ``mpiexec`` is awaited, then the
   controller is stopped. A small watchdog process stops everything if the Python process that
   started the cluster dies (a killed or restarted kernel), and :func:`stop_all` clears whatever a
@@ -59,7 +62,7 @@ from ipyparallel.serialize import canning
 from ipyparallel.serialize.canning import CannedObject
 from IPython import get_ipython
 
-from ddlcourse import dist
+from ddlcourse import dist, forkserver
 # How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
 # started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
 from ddlcourse.launch import (PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus, allocation_nodes,  # noqa: F401
@@ -95,6 +98,14 @@ ENGINES_WITH_CONTROLLER = True
 PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
 # The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
 ENGINE_MODULE = "ddlcourse.engine"
+# On one host, the engines are forked from a server that has imported ipyparallel's engine, numpy and torch
+# (ddlcourse.forkserver.shared). The first cluster of a process starts it and it serves every later one, until
+# the process exits or dies: n engines share one import of about 3.5 CPU-seconds instead of paying it n times,
+# and a later cluster pays none (env/bench_cluster.py --engine-fork on cold off compares them). One server per
+# import-time environment (OMP_NUM_THREADS, the threads per rank, is read when torch loads). Across hosts (srun)
+# each engine starts fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
+ENGINE_FORK = os.environ.get("DDLCOURSE_ENGINE_FORK", "1") != "0"
+ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", "numpy", "torch")
 
 
 def _phase_clock(phases: dict, t0: float):
@@ -233,17 +244,21 @@ class MPICluster:
         # shared, so ipyparallel waits for the controller and hands the engines its connection in the environment.
         self._cluster.send_engines_connection_env = multi_host or not ENGINES_WITH_CONTROLLER
         cfg = self._cluster.config
+        engine_env = {"OMP_NUM_THREADS": str(self.threads_per_rank), "DDLCOURSE_THREADS": str(self.threads_per_rank)}
         cfg.MPIEngineSetLauncher.mpi_cmd = mpi_cmd
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args
         cfg.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-m", ENGINE_MODULE]
-        cfg.MPIEngineSetLauncher.environment = {"OMP_NUM_THREADS": str(self.threads_per_rank),
-                                                "DDLCOURSE_THREADS": str(self.threads_per_rank)}
+        cfg.MPIEngineSetLauncher.environment = engine_env
         self._state_file = runtime_dir() / f"cluster-{cid}.json"
         phases = {}
         phase = _phase_clock(phases, t0)   # seconds per start-up phase (env/bench_cluster.py)
 
         phase("configure")
         try:
+            sock = (forkserver.shared(ENGINE_PRELOAD, dict(os.environ, **engine_env), runtime_dir(), wait=10)
+                    if ENGINE_FORK and launcher == "mpiexec" and not multi_host else None)
+            if sock is not None:
+                cfg.MPIEngineSetLauncher.engine_cmd = forkserver.rank_command(sock, ["-m", ENGINE_MODULE])
             self._cluster.start_controller_sync()
             self._record()
             phase("controller")

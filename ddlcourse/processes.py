@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ddlcourse.engine", "ipyparallel.controller",
-                "hydra_pmi_proxy", "mpiexec")
+                "hydra_pmi_proxy", "mpiexec", "forkserver.py")   # forked engines show their server's command
 
 
 def runtime_dir() -> Path:

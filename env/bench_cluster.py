@@ -3,6 +3,8 @@
     .venv/bin/python env/bench_cluster.py [--n 2] [--reps 5] [--heartbeat-ms 3000 1000]
     .venv/bin/python env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine   # torch preloaded or not
     .venv/bin/python env/bench_cluster.py --engines-start with after   # engines launched with the controller or after
+    .venv/bin/python env/bench_cluster.py --engine-fork on cold off   # engines forked from this process's server
+                                             # (started by the first start), from a new one each start, or fresh
 
 Prints each repetition's phases, then the median and min-max of each, and the machine's load. A benchmark,
 not a test: nothing here asserts a time.
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from ddlcourse import cluster
+from ddlcourse import cluster, forkserver
 
 
 def main() -> None:
@@ -33,20 +35,25 @@ def main() -> None:
                     default=["with" if cluster.ENGINES_WITH_CONTROLLER else "after"],
                     help="on one host, launch the engines with the controller (they read its connection file when "
                          "it comes) or after it is up (ipyparallel's default); several are interleaved")
+    ap.add_argument("--engine-fork", nargs="*", choices=["on", "cold", "off"],
+                    default=["on" if cluster.ENGINE_FORK else "off"],
+                    help="on one host, fork the engines from the server that this process's first start started "
+                         "(on), from a server started anew for each start (cold: what a notebook's first cluster "
+                         "pays), or start each engine fresh (off); several are interleaved")
     a = ap.parse_args()
     for hb in a.heartbeat_ms:
         if hb <= 0:
             ap.error(f"--heartbeat-ms must be positive, got {hb}")
-    variants = list(itertools.product(a.heartbeat_ms, a.engine, a.engines_start))
+    variants = list(itertools.product(a.heartbeat_ms, a.engine, a.engines_start, a.engine_fork))
     runs = {v: [] for v in variants}
     for i in range(a.reps):
-        for hb, engine, when in variants:
-            runs[hb, engine, when].append(_one(a.n, hb, engine, when == "with"))
-            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine, when][-1].items()), flush=True)
+        for hb, engine, when, fork in variants:
+            runs[hb, engine, when, fork].append(_one(a.n, hb, engine, when == "with", fork))
+            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller, fork {fork}: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine, when, fork][-1].items()), flush=True)
     print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
-    for (hb, engine, when), rows in runs.items():
-        print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller:")
+    for (hb, engine, when, fork), rows in runs.items():
+        print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller, fork {fork}:")
         for k in rows[0]:
             v = [r[k] for r in rows]
             print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
@@ -67,9 +74,11 @@ def _exit_seconds(imports: str, reps: int) -> list[float]:
     return out
 
 
-def _one(n: int, heartbeat_ms: int, engine: str, with_controller: bool) -> dict:
+def _one(n: int, heartbeat_ms: int, engine: str, with_controller: bool, fork: str) -> dict:
     cluster.HEARTBEAT_MS, cluster.ENGINE_MODULE = heartbeat_ms, engine
-    cluster.ENGINES_WITH_CONTROLLER = with_controller
+    cluster.ENGINES_WITH_CONTROLLER, cluster.ENGINE_FORK = with_controller, fork != "off"
+    if fork == "cold":
+        forkserver.stop_shared()
     c = cluster.MPICluster(n=n, quiet=True)
     c.start()
     t0 = time.perf_counter()

@@ -32,6 +32,9 @@ def _is_xdist_worker(config) -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from ddlcourse import forkserver
+
+    forkserver.stop_shared()   # run_mpi's and the clusters' engines' fork servers, before the search for strays
     if _is_xdist_worker(session.config):
         return
     from ddlcourse import cluster
@@ -57,45 +60,19 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ----------------------------------------------------------------------------- helpers for tests
-FORKSERVER = ROOT / "ddlcourse" / "forkserver.py"
-_forkserver: dict = {}
-
-
 def _forkserver_socket() -> str | None:
     """This process's rank fork server (ddlcourse/forkserver.py), started on first use; None if it will not.
 
     DDLCOURSE_TEST_FORKSERVER=0 turns it off: every rank is then a fresh ``python -c``."""
+    import tempfile
+
+    from ddlcourse import forkserver
+
     if os.environ.get("DDLCOURSE_TEST_FORKSERVER", "1") == "0":
         return None
-    if "socket" not in _forkserver:
-        import atexit
-        import signal
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix="ddl-forkserver-")
-        path = os.path.join(folder, "s")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        env.pop("PYTHONUNBUFFERED", None)
-        log = open(os.path.join(folder, "log"), "wb")
-        proc = subprocess.Popen([sys.executable, str(FORKSERVER), "serve", path], env=env, cwd=ROOT,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        log.close()
-
-        def stop():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the server and any rank it still has
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            import shutil
-            shutil.rmtree(folder, ignore_errors=True)
-
-        atexit.register(stop)
-        deadline = time.time() + 120
-        while not os.path.exists(path) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        _forkserver["socket"] = path if os.path.exists(path) else None
-    return _forkserver["socket"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")   # run_mpi's ranks get -genv OMP_NUM_THREADS 1
+    env.pop("PYTHONUNBUFFERED", None)
+    return forkserver.shared(forkserver.PRELOAD, env, tempfile.gettempdir(), wait=120)
 
 
 def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -103,10 +80,11 @@ def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) ->
 
     Each rank is forked from this worker's fork server, which has imported torch once (ddlcourse/forkserver.py
     says what it keeps and what it refuses); without one, it is a fresh ``python -c code``."""
+    from ddlcourse import forkserver
     from ddlcourse.cluster import find_mpiexec
 
     sock = _forkserver_socket()
-    rank = [sys.executable, "-c", code] if sock is None else [sys.executable, "-S", str(FORKSERVER), "run", sock, code]
+    rank = [sys.executable, "-c", code] if sock is None else forkserver.rank_command(sock, ["-c", code])
     cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1", *rank]
     full_env = dict(os.environ, **(env or {}))
     if "PYTHONUNBUFFERED" not in (env or {}):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlcourse import cluster
+from ddlcourse import cluster, forkserver
 from ddlcourse.cluster import ClusterError, MPICluster
 
 pytestmark = pytest.mark.mpi
@@ -22,6 +22,20 @@ def _gone(pids, timeout=15.0):
             return True
         time.sleep(0.2)
     return False
+
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _forked(pid: int) -> bool:
+    """Whether process ``pid`` was forked by a fork server (its parent runs ddlcourse/forkserver.py serve)."""
+    return b"forkserver.py\0serve" in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()
+
+
+def _engine_servers() -> list:
+    return [v for k, v in forkserver._SHARED.items() if k[0] == cluster.ENGINE_PRELOAD]
 
 
 def _pids(c: MPICluster):
@@ -93,15 +107,41 @@ def test_start_report_run_stop_leaves_no_process(capsys):
         assert c.run(os.getpid) == [r.pid for r in ranks]  # view ordered by rank
         import torch
         assert c.run(torch.get_num_threads) == [1, 1]
-        # the engines are ddlcourse.engine, which imports torch while they register
-        cmdlines = [Path(f"/proc/{r.pid}/cmdline").read_bytes().split(b"\0") for r in ranks]
-        assert all(b"ddlcourse.engine" in argv for argv in cmdlines), cmdlines
+        # the engines run ddlcourse.engine, forked from the fork server (on one host)
+        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("ddlcourse", "engine.py")] * 2
+        assert all(_forked(r.pid) for r in ranks)
         pids = _pids(c)
         assert len(pids) >= 4  # 2 engines, mpiexec, controller
     assert not c.running
     assert _gone(pids, timeout=5), "processes survive a normal stop"
     assert "MPI cluster stopped" in capsys.readouterr().out
     c.stop()  # idempotent
+
+
+def test_the_engine_fork_server_serves_the_next_cluster_and_stops_at_exit():
+    """One server per process (and per threads-per-rank): a second cluster's engines are forked from it too,
+    with a fresh MPI world and fresh pids; forkserver.stop_shared (run at exit) ends it and removes its folder."""
+    forkserver.stop_shared()
+    worlds = []
+    for _ in range(2):
+        with MPICluster(n=2, quiet=True) as c:
+            worlds.append([(r.pid, _parent(r.pid)) for r in c.ranks])
+            from ddlcourse import dist
+            assert c.run(dist.rank) == [0, 1]
+    (server, sock), = _engine_servers()
+    assert {ppid for world in worlds for _, ppid in world} == {server.pid}, worlds
+    assert len({pid for world in worlds for pid, _ in world}) == 4
+    assert server.poll() is None, "a cluster's stop must leave the process's fork server running"
+    forkserver.stop_shared()
+    assert server.poll() is not None and not os.path.exists(os.path.dirname(sock))
+    assert not _engine_servers()
+
+
+def test_engines_start_fresh_without_the_fork_server(monkeypatch):
+    monkeypatch.setattr(cluster, "ENGINE_FORK", False)
+    with MPICluster(n=2, quiet=True) as c:
+        assert not any(_forked(r.pid) for r in c.ranks)
+        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("ddlcourse", "engine.py")] * 2
 
 
 def test_exception_inside_with_block_still_stops():
@@ -148,9 +188,10 @@ def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
         import os, sys, json
         from ddlcourse.cluster import MPICluster
         c = MPICluster(n=2, quiet=True).start()
-        from ddlcourse import cluster
+        from ddlcourse import cluster, forkserver
         st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
-        print(json.dumps(st), flush=True)
+        (server, sock), = forkserver._SHARED.values()
+        print(json.dumps(dict(st, server=[server.pid, sock])), flush=True)
         os.kill(os.getpid(), 9)
     """)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -160,6 +201,9 @@ def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
     pids = [q for q in st["engine_pids"] + st["launcher_pids"] + [st["controller_pid"]] if q]
     assert len(pids) >= 4
     assert _gone(pids, timeout=20), "the watchdog did not stop the orphaned cluster"
+    server, sock = st["server"]
+    assert _gone([server], timeout=5), "the engines' fork server outlived the process that started it"
+    assert not os.path.exists(os.path.dirname(sock)), "the fork server left its folder behind"
     deadline = time.time() + 10      # the watchdog removes the record right after the processes
     while any(s.get("cluster_id") == st["cluster_id"] for _, s in cluster.recorded_clusters()) and time.time() < deadline:
         time.sleep(0.2)

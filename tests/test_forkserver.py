@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -60,3 +61,38 @@ def test_a_killed_mpiexec_takes_its_forked_ranks_with_it():
     while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.time() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a forked rank outlived its mpiexec"
+
+
+def test_a_module_rank_runs_as_python_m_does(tmp_path):
+    """``-m MODULE ARGS``, as MPICluster's engines use it: same output, argv and path as ``python -m``."""
+    from ddlcourse import forkserver
+    from ddlcourse.cluster import find_mpiexec
+
+    sock = _forkserver_socket()
+    (tmp_path / "shout.py").write_text(PARENT + (
+        "import sys\nprint(sys.argv[0].endswith('shout.py'), sys.argv[1:], sys.path[0] == os.getcwd(), __name__)\n"
+        "print('forkserver.py serve' in PARENT)\n"))
+    outs = []
+    for rank in (forkserver.rank_command(sock, ["-m", "shout", "a", "b"]), [sys.executable, "-m", "shout", "a", "b"]):
+        p = subprocess.run([find_mpiexec(), "-n", "1", *rank], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        outs.append((p.returncode, p.stdout))
+    same = "True ['a', 'b'] True __main__\n"
+    assert outs == [(0, same + "True\n"), (0, same + "False\n")], outs
+
+
+def test_shared_servers_are_reused_restarted_and_stopped(tmp_path):
+    from ddlcourse import forkserver
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = forkserver.shared((), env, tmp_path)
+    assert first is not None and forkserver.shared((), env, tmp_path) == first, "one server per preload and env"
+    other = forkserver.shared((), dict(env, OMP_NUM_THREADS="2"), tmp_path)
+    assert other not in (None, first), "an import-time variable that differs needs a server of its own"
+    (proc, _), = [v for k, v in forkserver._SHARED.items() if v[1] == first]
+    proc.kill()
+    proc.wait()
+    again = forkserver.shared((), env, tmp_path)
+    assert again not in (None, first) and not os.path.exists(os.path.dirname(first)), "a dead server is replaced"
+    forkserver.stop_shared()
+    assert not forkserver._SHARED and not list(tmp_path.iterdir()), "stop_shared leaves no folder"

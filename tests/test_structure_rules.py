@@ -221,6 +221,9 @@ TEMP_ALLOWED = {
     ("ddlcourse/cluster.py", "MPICluster._start_once"):
         "the cluster's ipyparallel profile folder: mkdtemp(dir=runtime_dir()) only makes a unique name under the "
         "course's runtime folder (the home or test root), never in the node's /tmp",
+    ("ddlcourse/forkserver.py", "shared"):
+        "a fork server's socket and log: mkdtemp(dir=parent_dir) only makes a unique name in the folder its caller "
+        "names (the course's runtime folder for engines), and the socket serves ranks of this host only",
     ("ddlcourse/datapipe.py", "scratch_dir"):
         "mkdtemp(dir=root) only makes a unique name under the data cache root, which the learner points at a "
         "file system",
