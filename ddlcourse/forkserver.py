@@ -68,8 +68,7 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------- starting one, and its ranks
-def start(sock_path: str, preload: tuple[str, ...] = PRELOAD, env: dict | None = None, log: str = os.devnull,
-          cwd: str | None = None, wait: float = 30.0):
+def start(sock_path: str, preload: tuple[str, ...], env: dict, log: str, wait: float = 30.0):
     """Start a server in its own session (so ``os.killpg(proc.pid, SIGKILL)`` ends it and every rank it forked);
     return its ``Popen`` once its socket listens, or after ``wait`` seconds (clients then run fresh).
 
@@ -80,7 +79,7 @@ def start(sock_path: str, preload: tuple[str, ...] = PRELOAD, env: dict | None =
 
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", sock_path, ",".join(preload)],
-                                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True)
     deadline = time.monotonic() + wait
     while not os.path.exists(sock_path) and proc.poll() is None and time.monotonic() < deadline:
@@ -88,13 +87,17 @@ def start(sock_path: str, preload: tuple[str, ...] = PRELOAD, env: dict | None =
     return proc
 
 
-def stop(proc) -> None:
-    """End a server that :func:`start` returned, with every rank it forked that is still there."""
+def stop(proc, sock_path: str) -> None:
+    """End a server that :func:`start` returned, with every rank it forked that is still there, and remove the
+    folder of its socket."""
+    import shutil
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    shutil.rmtree(os.path.dirname(sock_path), ignore_errors=True)
 
 
 _SHARED: dict[tuple, tuple] = {}   # (preload, import-time environment) -> (server's Popen, socket)
@@ -114,8 +117,7 @@ def shared(preload: tuple[str, ...], env: dict, parent_dir, wait: float = 30.0) 
         if proc.poll() is None and os.path.exists(sock):
             _SHARED[key] = (proc, sock)
             return sock
-        stop(proc)   # it died: a new one
-        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+        stop(proc, sock)   # it died: a new one
     folder = tempfile.mkdtemp(prefix=f"fork-{os.getpid()}-", dir=parent_dir)
     sock = os.path.join(folder, "s")
     if len(sock.encode()) >= 100:   # a Unix socket's path has room for 107 bytes
@@ -123,8 +125,7 @@ def shared(preload: tuple[str, ...], env: dict, parent_dir, wait: float = 30.0) 
         return None
     proc = start(sock, preload, env=env, log=os.path.join(folder, "log"), wait=wait)
     if not os.path.exists(sock):
-        stop(proc)
-        shutil.rmtree(folder, ignore_errors=True)
+        stop(proc, sock)
         return None
     if not _SHARED:
         atexit.register(stop_shared)   # before the users' own exit handlers, so it runs after them
@@ -134,11 +135,8 @@ def shared(preload: tuple[str, ...], env: dict, parent_dir, wait: float = 30.0) 
 
 def stop_shared() -> None:
     """Stop this process's shared servers, with any rank they still have, and remove their folders."""
-    import shutil
-
     for proc, sock in _SHARED.values():
-        stop(proc)
-        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
+        stop(proc, sock)
     _SHARED.clear()
 
 

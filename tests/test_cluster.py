@@ -24,7 +24,6 @@ def _gone(pids, timeout=15.0):
     return False
 
 
-
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
