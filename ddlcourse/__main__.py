@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddlcourse import checks, cluster, dist, plan, versions
-from ddlcourse.training import cli as run_cli
+from ddlcourse import versions
+
+# Each command imports its own module, when it runs: `plan` alone pulls in torch.distributed.pipelining and
+# every model of the course, about 2.5 CPU-s that `check`, `clusters` and `run` would pay on every rank.
 
 
 def _cmd_info(args) -> int:
@@ -28,6 +30,8 @@ def _cmd_info(args) -> int:
 
 def _cmd_check(args) -> int:
     from mpi4py import MPI      # lazy: importing it starts MPI, which only this command needs
+
+    from ddlcourse import checks, dist
 
     comm = MPI.COMM_WORLD
     if args.expect_ranks is not None and comm.Get_size() != args.expect_ranks and not args.ids:
@@ -82,6 +86,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_clusters(args) -> int:
+    from ddlcourse import cluster
     if args.action == "list":
         rows = cluster.recorded_clusters()
         for f, st in rows:
@@ -97,6 +102,7 @@ def _cmd_clusters(args) -> int:
 
 
 def _cmd_plan(args) -> int:
+    from ddlcourse import plan
     return plan.main_measure(args.scale) if args.measure else plan.main(args.scale)
 
 
@@ -121,6 +127,7 @@ def main(argv=None) -> int:
     sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:
+        from ddlcourse.training import cli as run_cli
         return run_cli.main(argv[1:])
     args = p.parse_args(argv)
     try:

@@ -444,7 +444,7 @@ def device_use(argv: list[str]) -> int:
 
     A lab that leaves its model or batches on the CPU of a GPU rank allocates nothing on the GPU: the
     smoke test (env/gpu_smoke.sh) fails it on that line. The command line runs as ``python -m`` runs it
-    (``runpy``), not through an import of ``ddlcourse.__main__``, which itself imports this module.
+    (``runpy``).
     """
     saved = sys.argv
     sys.argv = ["python -m ddlcourse", *argv]
