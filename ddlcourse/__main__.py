@@ -19,7 +19,7 @@ import sys
 from ddlcourse import versions
 
 # Each command imports its own module, when it runs: `plan` alone pulls in torch.distributed.pipelining and
-# every model of the course, about 2.5 CPU-s that `check`, `clusters` and `run` would pay on every rank.
+# every model of the course, about 2.5 CPU-s that every other command would pay, on each rank of `check` and `run`.
 
 
 def _cmd_info(args) -> int:
