@@ -55,7 +55,6 @@ from pathlib import Path
 
 import cloudpickle
 import ipyparallel as ipp
-import psutil
 import torch
 from ipyparallel.error import EngineError
 from ipyparallel.serialize import canning
@@ -67,7 +66,8 @@ from ddlcourse import dist, forkserver
 # started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
 from ddlcourse.launch import (PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus, allocation_nodes,  # noqa: F401
                               allocation_tasks, available_cores, default_n, find_mpiexec, in_slurm_allocation,
-                              launch_command, may_span_hosts, mpiexec_flavor, pmi_cut)
+                              launch_command, launcher_ended, launcher_exit, may_span_hosts, mpiexec_flavor,
+                              pmi_cut)
 from ddlcourse.processes import (ENGINE_NAMES, alive as _alive, find_processes,  # noqa: F401
                                  kill_recorded as _kill_recorded, recorded_clusters, runtime_dir,
                                  slurm_steps as _slurm_steps, stop_all, this_host as _this_host)
@@ -117,20 +117,6 @@ def _phase_clock(phases: dict, t0: float):
         phases[name] = now - mark[0]
         mark[0] = now
     return phase
-
-
-def _launcher_ended(engine_set) -> bool:
-    """The launcher (mpiexec/srun) of an ipyparallel engine set has exited. Asked of the process itself: the
-    engine set notices an exit only while its event loop runs, which between the cluster's calls it does not."""
-    proc = getattr(engine_set, "process", None)   # a psutil.Process (ipyparallel's local launchers)
-    if not engine_set.running:
-        return True
-    if proc is None:
-        return False
-    try:   # an exited child nobody has reaped yet is a zombie
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
 
 
 def _describe_engine() -> dict:  # runs on an engine
@@ -304,9 +290,10 @@ class MPICluster:
                 if cut_at and time.perf_counter() - cut_at > PMI_CUT_GRACE:
                     raise ClusterError(f"MPI start-up broke inside Slurm's PMI: {got} of {self.n} engines "
                                        f"registered {PMI_CUT_GRACE:.0f} s after it. Launcher output:\n{out}")
-            ended = stopped or any(_launcher_ended(es) for es in self._cluster.engines.values())
+            ended = stopped or any(launcher_ended(es) for es in self._cluster.engines.values())
             if ended or time.perf_counter() >= deadline:
-                why = (f"the launcher ({self._launcher_kind}) exited after {got} of {self.n} engines registered"
+                how = launcher_exit(next(iter(self._cluster.engines.values()))) if ended else ""
+                why = (f"the launcher ({self._launcher_kind}) {how} after {got} of {self.n} engines registered"
                        if ended else f"only {got} of {self.n} engines registered within {self.timeout:.0f} s")
                 raise ClusterError(
                     f"{why}. Launcher output:\n{self._launcher_output() or '(none)'}\n"

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+
+import psutil
 
 
 class ClusterError(RuntimeError):
@@ -237,3 +240,38 @@ def _srun_mpi() -> str | None:
                           "default. Set DDLCOURSE_SRUN_MPI (see env/slurm/README.md).", stacklevel=3)
             _SRUN_MPI["plugin"] = None
     return _SRUN_MPI["plugin"]
+
+
+# --------------------------------------------------------------------------- the launcher, once started
+def launcher_ended(engine_set) -> bool:
+    """The launcher (mpiexec/srun) of an ipyparallel engine set has exited. Asked of the process itself: the
+    engine set notices an exit only while its event loop runs, which between the cluster's calls it does not."""
+    proc = getattr(engine_set, "process", None)   # a psutil.Process (ipyparallel's local launchers)
+    if not engine_set.running:
+        return True
+    if proc is None:
+        return False
+    try:   # an exited child nobody has reaped yet is a zombie
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def launcher_exit(engine_set, wait: float = 2.0) -> str:
+    """How an ended launcher ended, in words: ``"exited with code 1"``, ``"was killed by SIGKILL"``, or
+    ``"exited"`` when it cannot be told. psutil keeps the status once ipyparallel's wait thread reaped it."""
+    proc = getattr(engine_set, "process", None)
+    try:
+        code = proc.wait(timeout=wait) if proc is not None else None
+    except (psutil.Error, ChildProcessError, OSError):
+        code = None
+    if code is None:
+        code = (getattr(engine_set, "stop_data", None) or {}).get("exit_code")
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

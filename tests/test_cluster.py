@@ -49,6 +49,19 @@ def test_bad_n_is_a_clear_error(n):
         MPICluster(n=n)
 
 
+@pytest.mark.parametrize("end, said", [("exit 3", "exited with code 3"), ("kill -9 $$", "was killed by SIGKILL")])
+def test_a_launcher_that_ends_before_its_engines_register_says_how_it_ended(tmp_path, end, said):
+    """A silent launcher exit (no output to read) still says how it ended: its exit code, or the signal that
+    killed it (something outside the cluster)."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nsleep 1\n{end}\n")
+    fake.chmod(0o755)
+    c = MPICluster(n=2, timeout=60, mpiexec=str(fake), quiet=True)
+    with pytest.raises(ClusterError, match=f"the launcher .mpiexec. {said} after 0 of 2 engines registered"):
+        c.start()
+    assert not c.running
+
+
 def test_bad_timeout_and_launcher():
     with pytest.raises(ValueError, match="timeout"):
         MPICluster(n=1, timeout=0)
@@ -301,7 +314,8 @@ def test_an_srun_start_broken_in_slurms_pmi_gives_up_in_seconds_and_starts_again
     monkeypatch.setattr(cluster, "PMI_CUT_GRACE", 1.0 if then == "hangs" else 60.0)
     c = MPICluster(n=2, launcher="srun", timeout=120, quiet=True)
     t0 = time.time()
-    with pytest.raises(ClusterError, match="broke inside Slurm's PMI" if then == "hangs" else "launcher .srun. exited") as e:
+    said = "broke inside Slurm's PMI" if then == "hangs" else "launcher .srun. exited with code 1 after 0 of 2"
+    with pytest.raises(ClusterError, match=said) as e:
         c.start()
     assert PMI_CUT in str(e.value)
     assert launches.read_text().split() == ["launch"] * 3

@@ -291,7 +291,8 @@ def test_mpicluster_across_nodes(nodes, env, launcher):
         proc.wait()
     print(f"[multinode] MPICluster via {launcher} on 2 nodes, two starts and stops: {time.perf_counter() - t0:.1f} s")
     if "retry" in steps:
-        print(f"[multinode] an MPICluster start was retried after MPI_Init failed: {steps['retry']['error']}")
+        print("[multinode] an MPICluster start was retried after it broke before any engine registered: "
+              f"{steps['retry']['error']}")
     out = lines.text()
     assert proc.returncode == 0 and "stopped-after-kill" in steps, f"{proc.returncode}\n{out}\n{nodes.logs()}"
 
