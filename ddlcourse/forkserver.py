@@ -222,11 +222,17 @@ def _become_rank(request: dict, fds: list[int]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # as the interpreter builds them: with PYTHONUNBUFFERED, writes go straight to the descriptor (no binary
+    # buffer); stderr is line-buffered
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+
+    def writer(fd: int):
+        raw = io.FileIO(fd, "w", closefd=False)
+        return raw if unbuffered else io.BufferedWriter(raw)
+
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), write_through=unbuffered,
-                                  line_buffering=os.isatty(1))
-    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), write_through=True,
+    sys.stdout = io.TextIOWrapper(writer(1), write_through=unbuffered, line_buffering=os.isatty(1))
+    sys.stderr = io.TextIOWrapper(writer(2), write_through=unbuffered, line_buffering=True,
                                   errors="backslashreplace")
     flag, target, *args = request["argv"]
     sys.argv = [flag, *args] if flag == "-c" else [target, *args]   # runpy puts the module's file in argv[0]

@@ -96,3 +96,29 @@ def test_shared_servers_are_reused_restarted_and_stopped(tmp_path):
     assert again not in (None, first) and not os.path.exists(os.path.dirname(first)), "a dead server is replaced"
     forkserver.stop_shared()
     assert not forkserver._SHARED and not list(tmp_path.iterdir()), "stop_shared leaves no folder"
+
+
+@pytest.mark.parametrize("unbuffered", [True, False])
+def test_a_forked_rank_writes_out_as_python_does(unbuffered):
+    """With PYTHONUNBUFFERED, a line printed reaches stdout while the rank still runs (the nanny of a forked
+    engine hands its URL over that way); stderr is line-buffered either way, as python's is."""
+    import select
+
+    from ddlcourse import forkserver
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    code = "import sys, time\nprint('out')\nsys.stderr.write('err\\n')\ntime.sleep(60)\n"
+    p = subprocess.Popen(forkserver.rank_command(_forkserver_socket(), ["-c", code]), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        got = {}
+        for name, pipe, wait in (("err", p.stderr, 20), ("out", p.stdout, 20 if unbuffered else 1)):
+            ready, _, _ = select.select([pipe], [], [], wait)
+            got[name] = os.read(pipe.fileno(), 100) if ready else b""
+        assert got == {"err": b"err\n", "out": b"out\n" if unbuffered else b""}, got
+    finally:
+        p.kill()
+        p.wait()
