@@ -62,6 +62,7 @@ from ipyparallel.serialize.canning import CannedObject
 from IPython import get_ipython
 
 from ddlcourse import dist, forkserver
+from ddlcourse.engine import NANNY_SERVER_VAR
 # How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
 # started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
 from ddlcourse.launch import (PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus, allocation_nodes,  # noqa: F401
@@ -106,6 +107,9 @@ ENGINE_MODULE = "ddlcourse.engine"
 # each engine starts fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
 ENGINE_FORK = os.environ.get("DDLCOURSE_ENGINE_FORK", "1") != "0"
 ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", "numpy", "torch")
+# Each forked engine's nanny is forked by the same server (ddlcourse.engine.start_forked_nanny), not started as a
+# fresh python; False starts it fresh, as ipyparallel does (env/bench_cluster.py --nanny forked fresh compares).
+NANNY_FORK = True
 
 
 def _phase_clock(phases: dict, t0: float):
@@ -245,6 +249,8 @@ class MPICluster:
                     if ENGINE_FORK and launcher == "mpiexec" and not multi_host else None)
             if sock is not None:
                 cfg.MPIEngineSetLauncher.engine_cmd = forkserver.rank_command(sock, ["-m", ENGINE_MODULE])
+                if NANNY_FORK:
+                    cfg.MPIEngineSetLauncher.environment = dict(engine_env, **{NANNY_SERVER_VAR: sock})
             self._cluster.start_controller_sync()
             self._record()
             phase("controller")

@@ -5,6 +5,7 @@
     .venv/bin/python env/bench_cluster.py --engines-start with after   # engines launched with the controller or after
     .venv/bin/python env/bench_cluster.py --engine-fork on cold off   # engines forked from this process's server
                                              # (started by the first start), from a new one each start, or fresh
+    .venv/bin/python env/bench_cluster.py --nanny forked fresh   # each engine's nanny forked too, or a fresh python
 
 Prints each repetition's phases, then the median and min-max of each, and the machine's load. A benchmark,
 not a test: nothing here asserts a time.
@@ -40,20 +41,25 @@ def main() -> None:
                     help="on one host, fork the engines from the server that this process's first start started "
                          "(on), from a server started anew for each start (cold: what a notebook's first cluster "
                          "pays), or start each engine fresh (off); several are interleaved")
+    ap.add_argument("--nanny", nargs="*", choices=["forked", "fresh"],
+                    default=["forked" if cluster.NANNY_FORK else "fresh"],
+                    help="with forked engines, fork each one's nanny from the same server, or start it as a fresh "
+                         "python as ipyparallel does; several are interleaved")
     a = ap.parse_args()
     for hb in a.heartbeat_ms:
         if hb <= 0:
             ap.error(f"--heartbeat-ms must be positive, got {hb}")
-    variants = list(itertools.product(a.heartbeat_ms, a.engine, a.engines_start, a.engine_fork))
+    variants = list(itertools.product(a.heartbeat_ms, a.engine, a.engines_start, a.engine_fork, a.nanny))
     runs = {v: [] for v in variants}
     for i in range(a.reps):
-        for hb, engine, when, fork in variants:
-            runs[hb, engine, when, fork].append(_one(a.n, hb, engine, when == "with", fork))
-            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller, fork {fork}: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in runs[hb, engine, when, fork][-1].items()), flush=True)
+        for v in variants:
+            hb, engine, when, fork, nanny = v
+            runs[v].append(_one(a.n, hb, engine, when == "with", fork, nanny == "forked"))
+            print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller, fork {fork}, nanny "
+                  f"{nanny}: " + ", ".join(f"{k} {x:.2f}" for k, x in runs[v][-1].items()), flush=True)
     print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
-    for (hb, engine, when, fork), rows in runs.items():
-        print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller, fork {fork}:")
+    for (hb, engine, when, fork, nanny), rows in runs.items():
+        print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller, fork {fork}, nanny {nanny}:")
         for k in rows[0]:
             v = [r[k] for r in rows]
             print(f"  {k:20s} median {statistics.median(v):6.2f} s   min {min(v):6.2f}   max {max(v):6.2f}")
@@ -74,9 +80,10 @@ def _exit_seconds(imports: str, reps: int) -> list[float]:
     return out
 
 
-def _one(n: int, heartbeat_ms: int, engine: str, with_controller: bool, fork: str) -> dict:
+def _one(n: int, heartbeat_ms: int, engine: str, with_controller: bool, fork: str, fork_nanny: bool) -> dict:
     cluster.HEARTBEAT_MS, cluster.ENGINE_MODULE = heartbeat_ms, engine
     cluster.ENGINES_WITH_CONTROLLER, cluster.ENGINE_FORK = with_controller, fork != "off"
+    cluster.NANNY_FORK = fork_nanny
     if fork == "cold":
         forkserver.stop_shared()
     c = cluster.MPICluster(n=n, quiet=True)

@@ -7,6 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddlcourse import cluster, forkserver
@@ -122,8 +123,15 @@ def test_start_report_run_stop_leaves_no_process(capsys):
         # the engines run ddlcourse.engine, forked from the fork server (on one host)
         assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("ddlcourse", "engine.py")] * 2
         assert all(_forked(r.pid) for r in ranks)
-        pids = _pids(c)
-        assert len(pids) >= 4  # 2 engines, mpiexec, controller
+        # and so are their nannies (ddlcourse.engine.start_forked_nanny): the server's other two children
+        clients = c.run(eval, "__import__('ipyparallel.engine.app').engine.app.IPEngine.instance().nanny_pipe.pid")
+        assert all(b"forkserver.py\0run" in Path(f"/proc/{p}/cmdline").read_bytes() for p in clients)
+        assert all(Path(f"/proc/{p}/cmdline").read_bytes().endswith(b"ddlcourse.engine\0--nanny\0") for p in clients)
+        server = psutil.Process(_parent(ranks[0].pid))
+        nannies = {p.pid for p in server.children()} - {r.pid for r in ranks}
+        assert len(nannies) == 2, nannies
+        pids = _pids(c) + [*clients, *nannies]
+        assert len(pids) >= 8  # 2 engines, mpiexec, controller, 2 nannies and their clients
     assert not c.running
     assert _gone(pids, timeout=5), "processes survive a normal stop"
     assert "MPI cluster stopped" in capsys.readouterr().out
