@@ -527,11 +527,7 @@ class MPICluster:
         if not gone and not ended:
             return None
         what = ", ".join(f"rank {r.rank} on {r.host} (pid {r.pid})" for r in gone) or "the engines"
-        how = ""
-        if ended:
-            code = getattr(ended[0], "stop_data", None) or {}
-            how = (f"; the launcher ({self._launcher_kind}) exited"
-                   + (f" with {code.get('exit_code')}" if isinstance(code, dict) and "exit_code" in code else ""))
+        how = f"; the launcher ({self._launcher_kind}) {launcher_exit(ended[0])}" if ended else ""
         return (f"engine(s) gone: {what}{how}. One dead rank breaks the MPI world (the others would wait for "
                 "it in every collective), so this cluster cannot be used any more: call c.stop() and start a "
                 "new one. Look at the launcher output for the cause (killed, out of memory, node failure):\n"

@@ -101,7 +101,6 @@ def main() -> None:
     if sys.argv[1:] == ["--nanny"]:
         return nanny_main()
     from ipyparallel.engine import app
-    from ipyparallel.engine.app import main as engine_main
 
     server = os.environ.get(NANNY_SERVER_VAR)
     if server:
@@ -112,7 +111,7 @@ def main() -> None:
     path = connection_file()
     if path is not None:
         wait_for_connection_file(path)
-    engine_main()
+    app.main()
 
 
 if __name__ == "__main__":
