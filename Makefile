@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 export DDLCOURSE_VENV := $(VENV)
 # Notebooks and tests run at the smoke scale unless DDLCOURSE_SCALE says otherwise.
 TEST_SCALE ?= $(or $(DDLCOURSE_SCALE),smoke)
-# pytest-xdist workers for `make test`; notebooks of one file stay on one worker (--dist loadfile).
-WORKERS ?= 2
+# pytest-xdist workers for `make test`: WORKERS=N (env/run_tests.sh picks one more than the cores, at most 4);
+# notebooks of one file stay on one worker (--dist loadfile).
 NOTEBOOKS := $(wildcard notebooks/*.ipynb labs/*.ipynb)
 
 .PHONY: help setup env lab test test-unit test-notebooks rehearsal slides lock clean-clusters clean

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the course's tests inside its venv.   env/run_tests.sh all|unit|notebooks [extra pytest args]
+# Run the course's tests inside its venv.   [WORKERS=N] env/run_tests.sh all|unit|notebooks [extra pytest args]
 #   unit       pytest on tests/
 #   notebooks  nbval over every notebook in notebooks/ and labs/ (found by glob)
 #   all        both, in one pytest session
@@ -10,6 +10,13 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 VENV=${DDLCOURSE_VENV:-$ROOT/.venv}
 WHAT=${1:-all}; shift || true
+# pytest-xdist workers: $WORKERS, or one more than the cores this process may use, at most 4 (each worker may
+# run a notebook with its cluster of up to 4 engines, each holding torch: memory grows with them). A test often
+# waits (for a cluster's start, Slurm, a browser), and with as many workers as cores the CPUs then idle. On
+# 2 cores, 3 workers took the whole suite from 1498 s to 1359 s (2026-11-28, one run each; with 3, 12 of its
+# 2723 CPU-seconds were idle).
+WORKERS=${WORKERS:-$("$VENV/bin/python" -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1; print(min(n + 1, 4))')}
+case "$WORKERS" in ''|*[!0-9]*|0) echo "env/run_tests.sh: WORKERS must be a positive number, got '$WORKERS'" >&2; exit 2 ;; esac
 export DDLCOURSE_SCALE=${DDLCOURSE_SCALE:-smoke}
 export DDLCOURSE_TEST_RUN=${DDLCOURSE_TEST_RUN:-$(date +%s)-$$}
 export DDLCOURSE_RUNTIME_DIR="$ROOT/.test-runtime/$DDLCOURSE_TEST_RUN"
@@ -24,9 +31,9 @@ case "$WHAT" in
   all)       TARGETS=(tests "${NB[@]}") ;;
   *) echo "usage: env/run_tests.sh all|unit|notebooks" >&2; exit 2 ;;
 esac
-echo "[test] scale=$DDLCOURSE_SCALE run=$DDLCOURSE_TEST_RUN notebooks=${#NB[@]} workers=${WORKERS:-2}"
+echo "[test] scale=$DDLCOURSE_SCALE run=$DDLCOURSE_TEST_RUN notebooks=${#NB[@]} workers=$WORKERS"
 START=$(date +%s)
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n "${WORKERS:-2}" --dist loadfile \
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadfile \
     --nbval-lax --nbval-sanitize-with tests/sanitize.cfg --nbval-cell-timeout 900 \
     -o addopts="" -rfE --durations 20 "${TARGETS[@]}" "$@"
 RC=$?
