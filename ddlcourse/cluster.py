@@ -99,14 +99,14 @@ ENGINES_WITH_CONTROLLER = True
 PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
 # The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
 ENGINE_MODULE = "ddlcourse.engine"
-# On one host, the engines are forked from a server that has imported ipyparallel's engine, numpy and torch
-# (ddlcourse.forkserver.shared). The first cluster of a process starts it and it serves every later one, until
-# the process exits or dies: n engines share one import of about 3.5 CPU-seconds instead of paying it n times,
-# and a later cluster pays none (env/bench_cluster.py --engine-fork on cold off compares them). One server per
+# On one host, the engines are forked from a server that has imported ipyparallel's engine and what a rank's
+# training imports (forkserver.PRELOAD: numpy, torch, torch._dynamo; ddlcourse.forkserver.shared). The first
+# cluster of a process starts it and it serves every later one, until the process exits or dies: n engines
+# share one import of about 6 CPU-seconds instead of paying it n times, and a later cluster pays none (env/bench_cluster.py --engine-fork on cold off compares them). One server per
 # import-time environment (OMP_NUM_THREADS, the threads per rank, is read when torch loads). Across hosts (srun)
 # each engine starts fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
 ENGINE_FORK = os.environ.get("DDLCOURSE_ENGINE_FORK", "1") != "0"
-ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", "numpy", "torch")
+ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", *forkserver.PRELOAD)
 # Each forked engine's nanny is forked by the same server (ddlcourse.engine.start_forked_nanny), not started as a
 # fresh python; False starts it fresh, as ipyparallel does (env/bench_cluster.py --nanny forked fresh compares).
 NANNY_FORK = True

@@ -25,7 +25,7 @@ Two users, each through :func:`shared` (one server per process, preload and impo
 on first use and ended at exit): ``MPICluster`` forks its engines on one host from one
 (``ddlcourse.cluster.ENGINE_FORK``), and the test suite forks ``run_mpi``'s ranks from another.
 
-    python ddlcourse/forkserver.py serve SOCKET [MODULE,...]   # the server; it preloads numpy,torch by default
+    python ddlcourse/forkserver.py serve SOCKET [MODULE,...]   # the server; it preloads PRELOAD by default
     python -S ddlcourse/forkserver.py run SOCKET -c CODE       # a rank (what mpiexec starts) ...
     python -S ddlcourse/forkserver.py run SOCKET -m MODULE ARGS  # ... or one that runs a module
 
@@ -45,7 +45,10 @@ import sys
 # server's cannot be forked from it.
 IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "TORCH_", "PYTORCH_", "CUDA", "NVIDIA_",
                         "LD_", "MALLOC_", "DNNL_", "ONEDNN_", "OPENBLAS_")
-PRELOAD = ("numpy", "torch")
+# What a server imports for its ranks. torch._dynamo too: torch imports it at a process's first backward pass
+# (2.2 CPU-s of the 2.4 s import, on this 2-core machine), so every rank that trains paid it once more. Preloaded,
+# the checkers of tests/test_build_it.py on 1-4 ranks took 71 busy CPU-s instead of 93 (2026-11-28).
+PRELOAD = ("numpy", "torch", "torch._dynamo")
 HEADER = struct.Struct("!I")
 _MAX_FDS = 8
 _HIGH_FD = 1000
