@@ -102,9 +102,10 @@ ENGINE_MODULE = "ddlcourse.engine"
 # On one host, the engines are forked from a server that has imported ipyparallel's engine and what a rank's
 # training imports (forkserver.PRELOAD: numpy, torch, torch._dynamo; ddlcourse.forkserver.shared). The first
 # cluster of a process starts it and it serves every later one, until the process exits or dies: n engines
-# share one import of about 6 CPU-seconds instead of paying it n times, and a later cluster pays none (env/bench_cluster.py --engine-fork on cold off compares them). One server per
-# import-time environment (OMP_NUM_THREADS, the threads per rank, is read when torch loads). Across hosts (srun)
-# each engine starts fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
+# share one import of about 6 CPU-seconds instead of paying it n times, and a later cluster pays none
+# (env/bench_cluster.py --engine-fork on cold off compares them). One server per import-time environment
+# (OMP_NUM_THREADS, the threads per rank, is read when torch loads). Across hosts (srun) each engine starts
+# fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
 ENGINE_FORK = os.environ.get("DDLCOURSE_ENGINE_FORK", "1") != "0"
 ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", *forkserver.PRELOAD)
 # Each forked engine's nanny is forked by the same server (ddlcourse.engine.start_forked_nanny), not started as a

@@ -64,7 +64,8 @@ def main() -> None:
             hb, engine, when, fork, nanny, preload = v
             runs[v].append(_one(a.n, hb, engine, when == "with", fork, nanny == "forked", preload == "dynamo"))
             print(f"rep {i + 1}, heartbeat {hb} ms, {engine}, launched {when} the controller, fork {fork}, nanny "
-                  f"{nanny}, preload {preload}: " + ", ".join(f"{k} {x:.2f}" for k, x in runs[v][-1].items()), flush=True)
+                  f"{nanny}, preload {preload}: " + ", ".join(f"{k} {x:.2f}" for k, x in runs[v][-1].items()),
+                  flush=True)
     print(f"\n{a.n} engines, {a.reps} repetitions, load average {os.getloadavg()[0]:.2f} (1 min)")
     for (hb, engine, when, fork, nanny, preload), rows in runs.items():
         print(f"heartbeat {hb} ms, engines {engine}, launched {when} the controller, fork {fork}, nanny {nanny}, "
