@@ -65,10 +65,10 @@ from ddlcourse import dist, forkserver
 from ddlcourse.engine import NANNY_SERVER_VAR
 # How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
 # started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
-from ddlcourse.launch import (PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus, allocation_nodes,  # noqa: F401
-                              allocation_tasks, available_cores, default_n, find_mpiexec, in_slurm_allocation,
-                              launch_command, launcher_ended, launcher_exit, may_span_hosts, mpiexec_flavor,
-                              pmi_cut)
+from ddlcourse.launch import (PMI_CUT_GRACE, PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus,  # noqa: F401
+                              allocation_nodes, allocation_tasks, available_cores, default_n, find_mpiexec,
+                              in_slurm_allocation, launch_command, launcher_ended, launcher_exit, may_span_hosts,
+                              mpiexec_flavor, pmi_cut, pmi_retry_note)
 from ddlcourse.processes import (ENGINE_NAMES, alive as _alive, find_processes,  # noqa: F401
                                  kill_recorded as _kill_recorded, recorded_clusters, runtime_dir,
                                  slurm_steps as _slurm_steps, stop_all, this_host as _this_host)
@@ -96,7 +96,6 @@ HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
 # On one host, launch the engines together with the controller rather than once it is up: they import while
 # it starts (env/bench_cluster.py --engines-start with after compares both).
 ENGINES_WITH_CONTROLLER = True
-PMI_CUT_GRACE = 20.0   # seconds an srun start may go on after the signs of a cut PMI request (then: start again)
 # The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
 ENGINE_MODULE = "ddlcourse.engine"
 # On one host, the engines are forked from a server that has imported ipyparallel's engine and what a rank's
@@ -197,9 +196,7 @@ class MPICluster:
                 # notebook's fault, and a new launch works. Said, so that a slow start is explained.
                 if self._launcher_kind != "srun" or not pmi_cut(str(e)) or attempt == PMI_START_ATTEMPTS:
                     raise
-                print(f"[cluster] MPI start-up broke inside Slurm's PMI (a request cut at 1024 bytes; see "
-                      f"env/slurm/README.md), attempt {attempt} of {PMI_START_ATTEMPTS}: starting the engines "
-                      "again", file=sys.stderr, flush=True)
+                print(f"[cluster] {pmi_retry_note(attempt)}: starting the engines again", file=sys.stderr, flush=True)
         raise AssertionError("unreachable")
 
     def _start_once(self) -> "MPICluster":

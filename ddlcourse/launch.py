@@ -29,12 +29,19 @@ class ClusterError(RuntimeError):
 # slurmstepd logs these lines, and MPI_Init aborts or the ranks wait on the PMI fence. Starting again works
 # (tests/test_slurm.py::test_long_pmi1_requests_are_cut shows the limit; env/slurm/README.md explains it).
 PMI_CUT_SIGNS = ("mpi/pmi2: invalid client request", "mpi/pmi2: value not properly terminated")
-PMI_START_ATTEMPTS = 3   # launches in all while start-up breaks this way (MPICluster.start, the tests' jobs)
+PMI_START_ATTEMPTS = 3   # launches in all while start-up breaks this way (MPICluster.start, run_job, the tests' jobs)
+PMI_CUT_GRACE = 20.0     # seconds a launch may go on after the signs of a cut PMI request (then: start again)
 
 
 def pmi_cut(text: str) -> bool:
     """The output of a launch shows MPI's start-up under ``srun --mpi=pmi2`` breaking (see PMI_CUT_SIGNS)."""
     return ("MPI_Init_thread" in text and "failed" in text) or any(sign in text for sign in PMI_CUT_SIGNS)
+
+
+def pmi_retry_note(attempt: int) -> str:
+    """What a retried launch says, so that a slow start is explained."""
+    return (f"MPI start-up broke inside Slurm's PMI (a request cut at 1024 bytes; see env/slurm/README.md), "
+            f"attempt {attempt} of {PMI_START_ATTEMPTS}")
 
 
 # --------------------------------------------------------------------------- the allocation
@@ -275,3 +282,67 @@ def launcher_exit(engine_set, wait: float = 2.0) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+# --------------------------------------------------------------------------- a job started from a kernel
+def run_job(cmd: list[str], env: dict | None = None, timeout: float = 240.0, what: str = "the MPI job",
+            cut_grace: float = PMI_CUT_GRACE) -> subprocess.CompletedProcess:
+    """Run an MPI job's launcher (``srun ...`` or ``mpiexec ...``, from :func:`launch_command`) to its end and
+    return it, its stdout and stderr together in ``.stdout``.
+
+    A launch whose start-up broke in Slurm's PMI (:func:`pmi_cut`) is started again, each retry said on stderr,
+    up to PMI_START_ATTEMPTS launches in all: when it exits with the signs, and when it still runs ``cut_grace``
+    seconds after them (its ranks then wait on the PMI fence for ever). A job still running after ``timeout``
+    seconds in all is ended, and ``TimeoutError`` gives its output so far. Ending a job: SIGTERM to the
+    launcher (srun then ends the step on every node), SIGKILL to its process group 10 s later; the same happens
+    when the caller is interrupted (a notebook's stop button), so no rank is left behind.
+    """
+    import threading
+    import time
+
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, PMI_START_ATTEMPTS + 1):
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        cut_at = None
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                cut_at = cut_at or (now if pmi_cut("".join(lines)) else None)
+                if now > deadline or (cut_at and now - cut_at > cut_grace):
+                    break
+                time.sleep(0.1)
+        finally:
+            running = proc.poll() is None
+            if running:
+                _end_job(proc)
+            reader.join(timeout=5)
+        out, now = "".join(lines), time.monotonic()
+        if not running and (proc.returncode == 0 or not pmi_cut(out)):
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+        if pmi_cut(out) and attempt < PMI_START_ATTEMPTS and now < deadline:
+            print(f"[launch] {what}: {pmi_retry_note(attempt)}: starting it again", file=sys.stderr, flush=True)
+            continue
+        if running:
+            why = (f"still ran {cut_grace:.0f} s after its MPI start-up broke inside Slurm's PMI" if now < deadline
+                   else f"did not finish in {timeout:.0f} s")
+            raise TimeoutError(f"{what} {why}, and was ended. Its output:\n{out[-3000:]}")
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, "")   # it failed: its output says why
+    raise AssertionError("unreachable")
+
+
+def _end_job(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a launcher started in its own session: SIGTERM to it, then SIGKILL to its whole process group."""
+    try:
+        proc.terminate()
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)   # its local children too (mpiexec's proxies and ranks)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from ddlcourse import dist
 from ddlcourse.device import now, rank_device, synchronize
-from ddlcourse.launch import launch_command
+from ddlcourse.launch import launch_command, run_job
 from ddlcourse.models.small import MLP
 
 PHASES = ("forward", "backward", "optimizer")            # the ranges the step opens
@@ -304,13 +303,15 @@ def horovod_timeline_job(path: str, dim: int, hidden: int, depth: int, batch: in
 
 
 def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, depth: int = 3, batch: int = 64,
-                         steps: int = 3, timeout: float = 300.0) -> Path:
+                         steps: int = 3, timeout: float = 240.0) -> Path:
     """Start ``python -m ddlcourse.profiling horovod-timeline path`` on ``n`` ranks and wait for it.
 
     Launched as the course's clusters are (:func:`ddlcourse.launch.launch_command`): ``srun --overlap`` inside
     a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
     (MPICH and Open MPI differ). Call it from the notebook's kernel (not from an engine: an MPI process does
-    not start another MPI job cleanly). Raises with the job's output when it fails.
+    not start another MPI job cleanly). Run by :func:`ddlcourse.launch.run_job`: a start-up broken in Slurm's
+    PMI is started again, and a job still running after ``timeout`` s is ended. Raises with the job's output
+    when it fails.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,9 +322,9 @@ def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, dep
            sys.executable, "-m", "ddlcourse.profiling", "horovod-timeline", str(path), "--dim", str(dim),
            "--hidden", str(hidden), "--depth", str(depth), "--batch", str(batch), "--steps", str(steps)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_LOCALRANKID"))}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    p = run_job(cmd, env=env, timeout=timeout, what="the Horovod timeline job")
     if p.returncode != 0 or not path.exists():
-        raise RuntimeError(f"the Horovod timeline job failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"the Horovod timeline job failed ({p.returncode}):\n{p.stdout[-4000:]}")
     return path
 
 

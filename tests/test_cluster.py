@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddlcourse import cluster, forkserver
+from ddlcourse import cluster, forkserver, launch
 from ddlcourse.cluster import ClusterError, MPICluster
 
 pytestmark = pytest.mark.mpi
@@ -208,7 +208,7 @@ def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
         import os, sys, json
         from ddlcourse.cluster import MPICluster
         c = MPICluster(n=2, quiet=True).start()
-        from ddlcourse import cluster, forkserver
+        from ddlcourse import cluster, forkserver, launch
         st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
         (server, sock), = forkserver._SHARED.values()
         print(json.dumps(dict(st, server=[server.pid, sock])), flush=True)
@@ -369,3 +369,51 @@ def test_engines_wait_for_the_controller_only_across_hosts(monkeypatch):
     with pytest.raises(ClusterError, match="stop here"):
         mpc._start_once()
     assert seen["send_env"] is False          # one host: the engines start with the controller
+
+
+def _fake_launcher(folder: Path, script: str) -> tuple[list[str], Path]:
+    """A launcher command whose every launch appends a line to the returned file, then runs ``script`` (sh)."""
+    folder.mkdir(exist_ok=True)
+    launches = folder / "launches"
+    exe = folder / "fake-srun"
+    exe.write_text(f"#!/bin/sh\necho launch >> {launches}\nn=$(wc -l < {launches})\n{script}\n")
+    exe.chmod(0o755)
+    return [str(exe)], launches
+
+
+def test_a_job_whose_start_broke_in_slurms_pmi_is_started_again_and_its_output_returned(tmp_path, capsys):
+    """run_job (a kernel's own MPI job, e.g. the Horovod timeline): a launch that shows the PMI signs and hangs
+    is ended cut_grace s after them and started again, said on stderr; one that exits with them is started again
+    at once; the first launch that ends well is returned with its output."""
+    cmd, launches = _fake_launcher(tmp_path, f"""echo "rank output $n"
+[ "$n" = 1 ] && {{ echo '{PMI_CUT}' >&2; exec sleep 309; }}
+[ "$n" = 2 ] && {{ echo '{PMI_CUT}' >&2; exit 1; }}
+exit 0""")
+    t0 = time.monotonic()
+    p = launch.run_job(cmd, timeout=60, what="the test job", cut_grace=1.0)
+    assert p.returncode == 0 and "rank output 3" in p.stdout and PMI_CUT not in p.stdout
+    assert launches.read_text().split() == ["launch"] * 3
+    assert time.monotonic() - t0 < 30, "the hanging launch was not ended soon after its PMI signs"
+    err = capsys.readouterr().err
+    assert "the test job: MPI start-up broke inside Slurm's PMI" in err and "attempt 2 of 3" in err
+    left = subprocess.run(["pgrep", "-f", "sleep 309"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"the ended launch is still running: {left}"
+
+
+def test_a_job_that_fails_otherwise_is_returned_at_once_and_one_that_hangs_is_ended_with_its_output(tmp_path):
+    cmd, launches = _fake_launcher(tmp_path, "echo 'ValueError: bad batch' >&2; exit 3")
+    p = launch.run_job(cmd, timeout=60, cut_grace=1.0)
+    assert p.returncode == 3 and "ValueError: bad batch" in p.stdout
+    assert launches.read_text().split() == ["launch"], "a failure that is not PMI's was launched again"
+
+    cmd, launches = _fake_launcher(tmp_path / "hang", "echo 'step 1 of 3'; sleep 311 & wait")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"(?s)the job did not finish in 2 s, and was ended.*step 1 of 3"):
+        launch.run_job(cmd, timeout=2, what="the job")
+    assert time.monotonic() - t0 < 20
+    left = subprocess.run(["pgrep", "-f", "sleep 311"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"the launcher's child is still running: {left}"
+    # signs of a broken start on the last launch: it is not launched a fourth time, and its failure is returned
+    cmd, launches = _fake_launcher(tmp_path / "last", f"echo '{PMI_CUT}' >&2; exit 1")
+    p = launch.run_job(cmd, timeout=60, cut_grace=1.0)
+    assert p.returncode == 1 and launches.read_text().split() == ["launch"] * 3
