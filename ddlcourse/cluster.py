@@ -90,9 +90,11 @@ class RankInfo:
 
 # The hub completes an engine's registration only after the engine has answered its heartbeats: with
 # ipyparallel's default period of 3 s a 2-engine start took 8.3 s (median of 5, quiet 2-core machine), 6 s of it
-# waiting; at 0.5 s it takes 3.4 s (env/bench_cluster.py --heartbeat-ms 3000 1000 500 250 shows it). 60 missed
-# beats (30 s) before an engine counts as dead, as ipyparallel's 10 x 3 s.
-HEARTBEAT_MS, HEARTBEAT_MISSES = 500, 60
+# waiting; at 0.5 s it took 3.4 s. With the fork server an engine is up in well under a beat, so the wait
+# rounds up to whole beats: at 250 ms a warm start took 1.40 s against 1.77 s at 500 ms, a kernel's first
+# 3.16 s against 3.46 s (2026-11-29, env/bench_cluster.py --heartbeat-ms 500 250 --engine-fork on, then cold).
+# An engine counts as dead after ENGINE_DEAD_S without an answer, as after ipyparallel's 10 x 3 s.
+HEARTBEAT_MS, ENGINE_DEAD_S = 250, 30
 # On one host, launch the engines together with the controller rather than once it is up: they import while
 # it starts (env/bench_cluster.py --engines-start with after compares both).
 ENGINES_WITH_CONTROLLER = True
@@ -221,7 +223,7 @@ class MPICluster:
             controller_ip="*" if multi_host else "127.0.0.1",
             log_level=logging.ERROR, engine_timeout=int(self.timeout),
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
-                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                             f"--HeartMonitor.max_heartmonitor_misses={round(ENGINE_DEAD_S * 1000 / HEARTBEAT_MS)}"],
         )
         if launcher == "srun":
             mpi_args = [*mpi_args, f"--job-name={cid}"]  # the step's name: how cleanup finds it (scancel)
