@@ -321,9 +321,10 @@ def run_job(cmd: list[str], env: dict | None = None, timeout: float = 240.0, wha
                 _end_job(proc)
             reader.join(timeout=5)
         out, now = "".join(lines), time.monotonic()
-        if not running and (proc.returncode == 0 or not pmi_cut(out)):
+        cut = pmi_cut(out)
+        if not running and (proc.returncode == 0 or not cut):
             return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-        if pmi_cut(out) and attempt < PMI_START_ATTEMPTS and now < deadline:
+        if cut and attempt < PMI_START_ATTEMPTS and now < deadline:
             print(f"[launch] {what}: {pmi_retry_note(attempt)}: starting it again", file=sys.stderr, flush=True)
             continue
         if running:
