@@ -64,7 +64,8 @@ if torch.version.cuda is not None and "--cuda-ok" not in sys.argv:
     print(f"[setup] note: torch {torch.__version__} is a CUDA build", file=sys.stderr)
 PY
 
-echo "[setup] Horovod: its build started beside pip; waiting for it (about 3.5 minutes on 2 cores in all)"
+kill -0 "$HVD_PID" 2>/dev/null \
+    && echo "[setup] Horovod: its build started beside pip; waiting for it (about 3.5 minutes on 2 cores in all)"
 HVD_RC=0; wait "$HVD_PID" || HVD_RC=$?
 cat "$HVD_LOG"
 [ "$HVD_RC" = 0 ] || exit "$HVD_RC"
