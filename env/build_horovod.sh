@@ -59,13 +59,15 @@ if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
         '    INSTALL_RPATH "$ORIGIN/../../../..;$ORIGIN/../../torch/lib")' >>"$TORCH_CMAKE"
     LOG="$WORK/build.log"
     # The venv's bin comes first so that its cmake, mpicc and mpicxx (mpich wheel) are used.
-    if ! env PATH="$VENV/bin:$PATH" \
+    BUILD_RC=0
+    env PATH="$VENV/bin:$PATH" \
         CMAKE_POLICY_VERSION_MINIMUM=3.5 \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j$(nproc)" \
-        "$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC" >"$LOG" 2>&1; then
-        mkdir -p "$CACHE_ROOT/logs"; cp "$LOG" "$CACHE_ROOT/logs/horovod-build.log"
+        "$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC" >"$LOG" 2>&1 || BUILD_RC=$?
+    mkdir -p "$CACHE_ROOT/logs"; cp "$LOG" "$CACHE_ROOT/logs/horovod-build.log"   # kept, built or not
+    if [ "$BUILD_RC" != 0 ]; then
         echo "[horovod] ERROR: the Horovod build failed. Last lines of the log:" >&2
         tail -n 25 "$LOG" >&2
         cat >&2 <<HINT
@@ -77,8 +79,7 @@ if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
 HINT
         exit 1
     fi
-    mkdir -p "$WHEEL_DIR" "$CACHE_ROOT/logs"
-    cp "$LOG" "$CACHE_ROOT/logs/horovod-build.log"
+    mkdir -p "$WHEEL_DIR"
     cp "$WORK"/wheel/horovod-*.whl "$WHEEL_DIR/.tmp.whl"
     mv "$WHEEL_DIR/.tmp.whl" "$WHEEL_DIR/$(basename "$WORK"/wheel/horovod-*.whl)"
     echo "[horovod] cached $WHEEL_DIR"

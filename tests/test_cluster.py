@@ -208,7 +208,7 @@ def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
         import os, sys, json
         from ddlcourse.cluster import MPICluster
         c = MPICluster(n=2, quiet=True).start()
-        from ddlcourse import cluster, forkserver, launch
+        from ddlcourse import cluster, forkserver
         st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
         (server, sock), = forkserver._SHARED.values()
         print(json.dumps(dict(st, server=[server.pid, sock])), flush=True)
