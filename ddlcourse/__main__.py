@@ -86,17 +86,17 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_clusters(args) -> int:
-    from ddlcourse import cluster
+    from ddlcourse.cluster import processes
     if args.action == "list":
-        rows = cluster.recorded_clusters()
+        rows = processes.recorded_clusters()
         for f, st in rows:
-            alive = st.get("parent_pid") and cluster._alive(st["parent_pid"])
+            alive = st.get("parent_pid") and processes.alive(st["parent_pid"])
             print(f"{st.get('cluster_id', f.name)}  n={st.get('n')}  started by pid {st.get('parent_pid')}"
                   f" ({'alive' if alive else 'gone'})")
         if not rows:
-            print("no course clusters recorded in", cluster.runtime_dir())
+            print("no course clusters recorded in", processes.runtime_dir())
     else:
-        n = cluster.stop_all(only_orphans=args.orphans)
+        n = processes.stop_all(only_orphans=args.orphans)
         print(f"stopped {n} cluster(s)")
     return 0
 

@@ -26,7 +26,7 @@ import torch.distributed as tdist
 from ddlcourse import config, dist
 # srun's --mpi plugin is worked out where launch commands are built; the Slurm templates ask for it here
 # (python -m ddlcourse.checks srun-mpi), tests and env/ scripts as checks.srun_mpi_plugin.
-from ddlcourse.launch import mpi_library_version, pmi_plugin_for, srun_mpi_plugin  # noqa: F401
+from ddlcourse.cluster.launch import mpi_library_version, pmi_plugin_for, srun_mpi_plugin  # noqa: F401
 
 SKIP_NO_CUDA = "skipped (no CUDA)"
 

@@ -41,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from ddlcourse import dist
 from ddlcourse.device import now, rank_device, synchronize
-from ddlcourse.launch import launch_command, run_job
+from ddlcourse.cluster.launch import launch_command, run_job
 from ddlcourse.models.small import MLP
 
 PHASES = ("forward", "backward", "optimizer")            # the ranges the step opens
@@ -306,10 +306,10 @@ def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, dep
                          steps: int = 3, timeout: float = 240.0) -> Path:
     """Start ``python -m ddlcourse.profiling horovod-timeline path`` on ``n`` ranks and wait for it.
 
-    Launched as the course's clusters are (:func:`ddlcourse.launch.launch_command`): ``srun --overlap`` inside
+    Launched as the course's clusters are (:func:`ddlcourse.cluster.launch.launch_command`): ``srun --overlap`` inside
     a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
     (MPICH and Open MPI differ). Call it from the notebook's kernel (not from an engine: an MPI process does
-    not start another MPI job cleanly). Run by :func:`ddlcourse.launch.run_job`: a start-up broken in Slurm's
+    not start another MPI job cleanly). Run by :func:`ddlcourse.cluster.launch.run_job`: a start-up broken in Slurm's
     PMI is started again, and a job still running after ``timeout`` s is ended. Raises with the job's output
     when it fails.
     """

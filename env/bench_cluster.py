@@ -1,7 +1,7 @@
 """How long an MPICluster takes to start and stop, phase by phase (issue 30: a 2-engine cluster in 4 s).
 
     .venv/bin/python env/bench_cluster.py [--n 2] [--reps 5] [--heartbeat-ms 3000 1000]
-    .venv/bin/python env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine   # torch preloaded or not
+    .venv/bin/python env/bench_cluster.py --engine ipyparallel.engine ddlcourse.cluster.engine   # torch preloaded or not
     .venv/bin/python env/bench_cluster.py --engines-start with after   # engines launched with the controller or after
     .venv/bin/python env/bench_cluster.py --engine-fork on cold off   # engines forked from this process's server
                                              # (started by the first start), from a new one each start, or fresh
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from ddlcourse import cluster, forkserver
+from ddlcourse.cluster import forkserver, mpicluster as cluster   # the module itself: its settings are set per run
 
 PRELOAD = cluster.ENGINE_PRELOAD
 
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--heartbeat-ms", type=int, nargs="*", default=[cluster.HEARTBEAT_MS],
                     help="the hub's heartbeat period(s); several are interleaved, repetition by repetition")
     ap.add_argument("--engine", nargs="*", default=[cluster.ENGINE_MODULE],
-                    help="the engines' program(s), a module run with python -m: ddlcourse.engine (torch imported "
+                    help="the engines' program(s), a module run with python -m: ddlcourse.cluster.engine (torch imported "
                          "while the engine registers) or ipyparallel.engine (no preload); several are interleaved")
     ap.add_argument("--engines-start", nargs="*", choices=["with", "after"],
                     default=["with" if cluster.ENGINES_WITH_CONTROLLER else "after"],

@@ -15,7 +15,7 @@ WHAT=${1:-all}; shift || true
 # waits (for a cluster's start, Slurm, a browser), and with as many workers as cores the CPUs then idle. On
 # 2 cores, 3 workers took the whole suite from 1498 s to 1359 s (2026-11-28, one run each; with 3, 12 of its
 # 2723 CPU-seconds were idle).
-WORKERS=${WORKERS:-$("$VENV/bin/python" -c 'from ddlcourse.launch import available_cores; print(min(available_cores() + 1, 4))')}
+WORKERS=${WORKERS:-$("$VENV/bin/python" -c 'from ddlcourse.cluster.launch import available_cores; print(min(available_cores() + 1, 4))')}
 case "$WORKERS" in
   ''|*[!0-9]*|0) echo "env/run_tests.sh: WORKERS must be a positive number, got '$WORKERS'" >&2; exit 2 ;;
 esac

@@ -32,7 +32,7 @@ def _is_xdist_worker(config) -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
 
     forkserver.stop_shared()   # run_mpi's and the clusters' engines' fork servers, before the search for strays
     if _is_xdist_worker(session.config):
@@ -61,12 +61,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ----------------------------------------------------------------------------- helpers for tests
 def _forkserver_socket() -> str | None:
-    """This process's rank fork server (ddlcourse/forkserver.py), started on first use; None if it will not.
+    """This process's rank fork server (ddlcourse/cluster/forkserver.py), started on first use; None if it will not.
 
     DDLCOURSE_TEST_FORKSERVER=0 turns it off: every rank is then a fresh ``python -c``."""
     import tempfile
 
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
 
     if os.environ.get("DDLCOURSE_TEST_FORKSERVER", "1") == "0":
         return None
@@ -78,9 +78,9 @@ def _forkserver_socket() -> str | None:
 def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure.
 
-    Each rank is forked from this worker's fork server, which has imported torch once (ddlcourse/forkserver.py
+    Each rank is forked from this worker's fork server, which has imported torch once (ddlcourse/cluster/forkserver.py
     says what it keeps and what it refuses); without one, it is a fresh ``python -c code``."""
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
     from ddlcourse.cluster import find_mpiexec
 
     sock = _forkserver_socket()

@@ -4,7 +4,7 @@ Launches of pip's MPICH under ``srun --mpi=pmi2`` break at start-up now and then
 requests ("mpi/pmi2: value not properly terminated in client request", "invalid client request"), then MPI_Init
 aborts or the ranks wait on the PMI fence. Two earlier guesses (a stale shared-memory segment of an earlier job;
 two "nodes" sharing /dev/shm) were fixed and the failure stayed. The cause is Slurm's, described at
-``ddlcourse.launch.PMI_CUT_SIGNS`` (tests/test_slurm.py::test_long_pmi1_requests_are_cut shows the limit). The
+``ddlcourse.cluster.launch.PMI_CUT_SIGNS`` (tests/test_slurm.py::test_long_pmi1_requests_are_cut shows the limit). The
 wheel's MPICH cannot speak PMI-2 (it aborts in MPIR_pmi_init), and its OFI network module, whose address is
 short, deadlocks the course's rendezvous (a bcast left unprogressed on the sending rank). So a launch that shows
 those signs is retried, up to ATTEMPTS in all, each retry printed, and a job that hangs after them is cancelled
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ddlcourse.launch import PMI_START_ATTEMPTS as ATTEMPTS, pmi_cut as pmi_flake  # noqa: F401  (see above)
+from ddlcourse.cluster.launch import PMI_START_ATTEMPTS as ATTEMPTS, pmi_cut as pmi_flake  # noqa: F401  (see above)
 
 Slurm = Callable[[list[str]], subprocess.CompletedProcess]
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddlcourse import cluster, forkserver, launch
+from ddlcourse import cluster
+from ddlcourse.cluster import forkserver, launch, mpicluster, processes
 from ddlcourse.cluster import ClusterError, MPICluster
 
 pytestmark = pytest.mark.mpi
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.mpi
 def _gone(pids, timeout=15.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not any(cluster._alive(p) for p in pids):
+        if not any(processes.alive(p) for p in pids):
             return True
         time.sleep(0.2)
     return False
@@ -30,12 +31,12 @@ def _parent(pid: int) -> int:
 
 
 def _forked(pid: int) -> bool:
-    """Whether process ``pid`` was forked by a fork server (its parent runs ddlcourse/forkserver.py serve)."""
+    """Whether process ``pid`` was forked by a fork server (its parent runs ddlcourse/cluster/forkserver.py serve)."""
     return b"forkserver.py\0serve" in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()
 
 
 def _engine_servers() -> list:
-    return [v for k, v in forkserver._SHARED.items() if k[0] == cluster.ENGINE_PRELOAD]
+    return [v for k, v in forkserver._SHARED.items() if k[0] == mpicluster.ENGINE_PRELOAD]
 
 
 def _pids(c: MPICluster):
@@ -120,13 +121,13 @@ def test_start_report_run_stop_leaves_no_process(capsys):
         assert c.run(os.getpid) == [r.pid for r in ranks]  # view ordered by rank
         import torch
         assert c.run(torch.get_num_threads) == [1, 1]
-        # the engines run ddlcourse.engine, forked from the fork server (on one host)
-        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("ddlcourse", "engine.py")] * 2
+        # the engines run ddlcourse.cluster.engine, forked from the fork server (on one host)
+        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("cluster", "engine.py")] * 2
         assert all(_forked(r.pid) for r in ranks)
-        # and so are their nannies (ddlcourse.engine.start_forked_nanny): the server's other two children
+        # and so are their nannies (ddlcourse.cluster.engine.start_forked_nanny): the server's other two children
         clients = c.run(eval, "__import__('ipyparallel.engine.app').engine.app.IPEngine.instance().nanny_pipe.pid")
         assert all(b"forkserver.py\0run" in Path(f"/proc/{p}/cmdline").read_bytes() for p in clients)
-        assert all(Path(f"/proc/{p}/cmdline").read_bytes().endswith(b"ddlcourse.engine\0--nanny\0") for p in clients)
+        assert all(Path(f"/proc/{p}/cmdline").read_bytes().endswith(b"ddlcourse.cluster.engine\0--nanny\0") for p in clients)
         server = psutil.Process(_parent(ranks[0].pid))
         nannies = {p.pid for p in server.children()} - {r.pid for r in ranks}
         assert len(nannies) == 2, nannies
@@ -158,10 +159,10 @@ def test_the_engine_fork_server_serves_the_next_cluster_and_stops_at_exit():
 
 
 def test_engines_start_fresh_without_the_fork_server(monkeypatch):
-    monkeypatch.setattr(cluster, "ENGINE_FORK", False)
+    monkeypatch.setattr(mpicluster, "ENGINE_FORK", False)
     with MPICluster(n=2, quiet=True) as c:
         assert not any(_forked(r.pid) for r in c.ranks)
-        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("ddlcourse", "engine.py")] * 2
+        assert [Path(a).parts[-2:] for a in c.run(eval, "__import__('sys').argv[0]")] == [("cluster", "engine.py")] * 2
 
 
 def test_exception_inside_with_block_still_stops():
@@ -208,7 +209,8 @@ def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
         import os, sys, json
         from ddlcourse.cluster import MPICluster
         c = MPICluster(n=2, quiet=True).start()
-        from ddlcourse import cluster, forkserver
+        from ddlcourse import cluster
+        from ddlcourse.cluster import forkserver
         st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
         (server, sock), = forkserver._SHARED.values()
         print(json.dumps(dict(st, server=[server.pid, sock])), flush=True)
@@ -319,7 +321,7 @@ def test_an_srun_start_broken_in_slurms_pmi_gives_up_in_seconds_and_starts_again
     monkeypatch.setenv("SLURM_NTASKS", "2")
     monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmi2")
     # hangs: a short grace, so that the grace is what ends each start; exits: a long one, so that it is the exit
-    monkeypatch.setattr(cluster, "PMI_CUT_GRACE", 1.0 if then == "hangs" else 60.0)
+    monkeypatch.setattr(mpicluster, "PMI_CUT_GRACE", 1.0 if then == "hangs" else 60.0)
     c = MPICluster(n=2, launcher="srun", timeout=120, quiet=True)
     t0 = time.time()
     said = "broke inside Slurm's PMI" if then == "hangs" else "launcher .srun. exited with code 1 after 0 of 2"
@@ -335,10 +337,10 @@ def test_an_srun_start_broken_in_slurms_pmi_gives_up_in_seconds_and_starts_again
 
 
 def test_an_engine_started_before_its_controller_reads_only_a_whole_connection_file(tmp_path, monkeypatch):
-    """On one host the engines start with the controller (ddlcourse.engine waits for its file while it imports)."""
+    """On one host the engines start with the controller (ddlcourse.cluster.engine waits for its file while it imports)."""
     import threading
 
-    from ddlcourse import engine
+    from ddlcourse.cluster import engine
     monkeypatch.setenv("IPP_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("IPP_CLUSTER_ID", "ddl-1234")
     monkeypatch.delenv("IPP_CONNECTION_INFO", raising=False)
@@ -363,7 +365,7 @@ def test_engines_wait_for_the_controller_only_across_hosts(monkeypatch):
         seen["send_env"] = self._cluster.send_engines_connection_env
         raise ClusterError("stop here")
 
-    monkeypatch.setattr(cluster.ipp.Cluster, "start_controller_sync", lambda c: fake_start_controller(mpc),
+    monkeypatch.setattr(mpicluster.ipp.Cluster, "start_controller_sync", lambda c: fake_start_controller(mpc),
                         raising=False)
     mpc = MPICluster(n=2, quiet=True, launcher="mpiexec")
     with pytest.raises(ClusterError, match="stop here"):

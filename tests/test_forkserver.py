@@ -1,4 +1,4 @@
-"""The test suite's rank fork server (ddlcourse/forkserver.py): a forked rank behaves as a ``python -c`` rank."""
+"""The test suite's rank fork server (ddlcourse/cluster/forkserver.py): a forked rank behaves as a ``python -c`` rank."""
 from __future__ import annotations
 
 import os
@@ -65,7 +65,7 @@ def test_a_killed_mpiexec_takes_its_forked_ranks_with_it():
 
 def test_a_module_rank_runs_as_python_m_does(tmp_path):
     """``-m MODULE ARGS``, as MPICluster's engines use it: same output, argv and path as ``python -m``."""
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
     from ddlcourse.cluster import find_mpiexec
 
     sock = _forkserver_socket()
@@ -82,7 +82,7 @@ def test_a_module_rank_runs_as_python_m_does(tmp_path):
 
 
 def test_shared_servers_are_reused_restarted_and_stopped(tmp_path):
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     first = forkserver.shared((), env, tmp_path)
@@ -104,7 +104,7 @@ def test_a_forked_rank_writes_out_as_python_does(unbuffered):
     engine hands its URL over that way); stderr is line-buffered either way, as python's is."""
     import select
 
-    from ddlcourse import forkserver
+    from ddlcourse.cluster import forkserver
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PYTHONUNBUFFERED", None)

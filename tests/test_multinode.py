@@ -29,6 +29,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from ddlcourse import checks, cluster, integrity
+from ddlcourse.cluster import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "env" / "multinode"))
@@ -65,15 +67,15 @@ def test_pids_recorded_on_another_host_are_never_signalled(sleeper):
     """A PID of node 2 names some unrelated process on node 1: cleanup must not kill it."""
     here = socket.gethostname()
     state = {"host": here, "engine_pids": [sleeper.pid], "engine_hosts": ["some-other-node"], "launcher_pids": []}
-    assert cluster._kill_recorded(state, grace=0.3)
+    assert processes.kill_recorded(state, grace=0.3)
     assert sleeper.poll() is None, "an engine PID recorded on another host was signalled on this one"
     # a record written on another node (a shared home): none of its PIDs are ours either
     foreign = {"host": "some-other-node", "engine_pids": [sleeper.pid], "engine_hosts": ["some-other-node"],
                "launcher_pids": [sleeper.pid], "controller_pid": sleeper.pid}
-    assert cluster._kill_recorded(foreign, grace=0.3) is False  # nothing it could do from here: keep the record
+    assert processes.kill_recorded(foreign, grace=0.3) is False  # nothing it could do from here: keep the record
     assert sleeper.poll() is None
     # the same PID recorded on this host is an engine of ours: stopped
-    cluster._kill_recorded({"host": here, "engine_pids": [sleeper.pid], "engine_hosts": [here]}, grace=2)
+    processes.kill_recorded({"host": here, "engine_pids": [sleeper.pid], "engine_hosts": [here]}, grace=2)
     assert sleeper.wait(timeout=5) is not None
 
 
@@ -117,7 +119,7 @@ print("not reached", flush=True)
 
 
 def test_more_engines_than_tasks_is_a_clear_error(monkeypatch):
-    if not cluster.shutil.which("srun"):
+    if not shutil.which("srun"):
         pytest.skip("srun is not installed here")
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_NTASKS", "4")

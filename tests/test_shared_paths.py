@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The only temporary folders the package may make, each with the reason it is not a shared-file problem.
 ALLOWED = {
-    "ddlcourse/cluster.py": "the cluster's profile folder, made under runtime_dir() (the home or test root)",
-    "ddlcourse/forkserver.py": "shared: a fork server's socket, made in the folder its caller names; ranks of this host only",
+    "ddlcourse/cluster/mpicluster.py": "the cluster's profile folder, made under runtime_dir() (the home or test root)",
+    "ddlcourse/cluster/forkserver.py": "shared: a fork server's socket, made in the folder its caller names; ranks of this host only",
     "ddlcourse/datapipe.py": "scratch_dir: made under the data cache root, which the learner points at a file system",
     "instructor/browser.py": "headless Chromium's own profile for the slide checks, on the instructor's machine",
 }

@@ -218,10 +218,10 @@ TEMP_CALLS = {"mkdtemp", "mkstemp", "mktemp", "TemporaryDirectory", "NamedTempor
 
 # (module, function) -> why the temporary path never holds a checkpoint or a file another node reads.
 TEMP_ALLOWED = {
-    ("ddlcourse/cluster.py", "MPICluster._start_once"):
+    ("ddlcourse/cluster/mpicluster.py", "MPICluster._start_once"):
         "the cluster's ipyparallel profile folder: mkdtemp(dir=runtime_dir()) only makes a unique name under the "
         "course's runtime folder (the home or test root), never in the node's /tmp",
-    ("ddlcourse/forkserver.py", "shared"):
+    ("ddlcourse/cluster/forkserver.py", "shared"):
         "a fork server's socket and log: mkdtemp(dir=parent_dir) only makes a unique name in the folder its caller "
         "names (the course's runtime folder for engines), and the socket serves ranks of this host only",
     ("ddlcourse/datapipe.py", "scratch_dir"):

@@ -23,11 +23,11 @@ Each child reseeds ``random`` and NumPy's global generator from the OS, as a fre
 
 Two users, each through :func:`shared` (one server per process, preload and import-time environment, started
 on first use and ended at exit): ``MPICluster`` forks its engines on one host from one
-(``ddlcourse.cluster.ENGINE_FORK``), and the test suite forks ``run_mpi``'s ranks from another.
+(``ddlcourse.cluster.mpicluster.ENGINE_FORK``), and the test suite forks ``run_mpi``'s ranks from another.
 
-    python ddlcourse/forkserver.py serve SOCKET [MODULE,...]   # the server; it preloads PRELOAD by default
-    python -S ddlcourse/forkserver.py run SOCKET -c CODE       # a rank (what mpiexec starts) ...
-    python -S ddlcourse/forkserver.py run SOCKET -m MODULE ARGS  # ... or one that runs a module
+    python ddlcourse/cluster/forkserver.py serve SOCKET [MODULE,...]   # the server; it preloads PRELOAD by default
+    python -S ddlcourse/cluster/forkserver.py run SOCKET -c CODE       # a rank (what mpiexec starts) ...
+    python -S ddlcourse/cluster/forkserver.py run SOCKET -m MODULE ARGS  # ... or one that runs a module
 
 The client runs without ``site`` and imports nothing but the standard library, so it starts in milliseconds.
 """

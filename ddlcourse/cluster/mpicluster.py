@@ -20,7 +20,7 @@ What it does for you (and why):
 * a blocking ``DirectView`` whose engines are ordered by MPI rank, and ``%px`` set up for
   repeatable output;
 * a quick start on one host: the engines are forked from a server that has imported torch once
-  (:func:`ddlcourse.forkserver.shared`), which the process's first cluster starts and its later clusters
+  (:func:`ddlcourse.cluster.forkserver.shared`), which the process's first cluster starts and its later clusters
   reuse; it ends when the process does, killed or not;
 * a clean stop with no stray processes: engines are shut down, ``mpiexec`` is awaited, then the
   controller is stopped. A small watchdog process stops everything if the Python process that
@@ -34,8 +34,8 @@ seconds instead of a hang, and cleanup signals only processes of this host; engi
 stopped through their launcher (``srun``/``mpiexec``) and, if that is gone, by cancelling the Slurm steps
 the cluster started (``scancel JOB.STEP``).
 
-How the ranks are launched lives in :mod:`ddlcourse.launch`; the record of what a cluster started, and the
-clean-up from it, in :mod:`ddlcourse.processes`. Their names are re-exported here (``cluster.launch_command``).
+How the ranks are launched lives in :mod:`ddlcourse.cluster.launch`; the record of what a cluster started, and the
+clean-up from it, in :mod:`ddlcourse.cluster.processes`; where a rank runs, in :mod:`ddlcourse.cluster.placement`.
 """
 from __future__ import annotations
 
@@ -61,17 +61,13 @@ from ipyparallel.serialize import canning
 from ipyparallel.serialize.canning import CannedObject
 from IPython import get_ipython
 
-from ddlcourse import dist, forkserver
-from ddlcourse.engine import NANNY_SERVER_VAR
-# How ranks are launched and what the allocation allows (ddlcourse.launch), and the record of what a cluster
-# started (ddlcourse.processes): re-exported, since notebooks, tests and env/ scripts call them as cluster.X.
-from ddlcourse.launch import (PMI_CUT_GRACE, PMI_START_ATTEMPTS, ClusterError, allocation_has_gpus,  # noqa: F401
-                              allocation_nodes, allocation_tasks, available_cores, default_n, find_mpiexec,
-                              in_slurm_allocation, launch_command, launcher_ended, launcher_exit, may_span_hosts,
-                              mpiexec_flavor, pmi_cut, pmi_retry_note)
-from ddlcourse.processes import (ENGINE_NAMES, alive as _alive, find_processes,  # noqa: F401
-                                 kill_recorded as _kill_recorded, recorded_clusters, runtime_dir,
-                                 slurm_steps as _slurm_steps, stop_all, this_host as _this_host)
+from ddlcourse.cluster import forkserver, placement
+from ddlcourse.cluster.engine import NANNY_SERVER_VAR
+from ddlcourse.cluster.launch import (PMI_CUT_GRACE, PMI_START_ATTEMPTS, ClusterError, allocation_tasks,
+                                     available_cores, default_n, find_mpiexec, in_slurm_allocation, launch_command,
+                                     launcher_ended, launcher_exit, may_span_hosts, pmi_cut, pmi_retry_note)
+from ddlcourse.cluster.processes import (kill_recorded as _kill_recorded, runtime_dir, slurm_steps as _slurm_steps,
+                                         this_host as _this_host)
 
 DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
 
@@ -98,10 +94,10 @@ HEARTBEAT_MS, ENGINE_DEAD_S = 250, 30
 # On one host, launch the engines together with the controller rather than once it is up: they import while
 # it starts (env/bench_cluster.py --engines-start with after compares both).
 ENGINES_WITH_CONTROLLER = True
-# The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.engine).
-ENGINE_MODULE = "ddlcourse.engine"
+# The engines' program: ipyparallel's engine, with torch imported while it registers (ddlcourse.cluster.engine).
+ENGINE_MODULE = "ddlcourse.cluster.engine"
 # On one host, the engines are forked from a server that has imported ipyparallel's engine and what a rank's
-# training imports (forkserver.PRELOAD: numpy, torch, torch._dynamo; ddlcourse.forkserver.shared). The first
+# training imports (forkserver.PRELOAD: numpy, torch, torch._dynamo; ddlcourse.cluster.forkserver.shared). The first
 # cluster of a process starts it and it serves every later one, until the process exits or dies: n engines
 # share one import of about 6 CPU-seconds instead of paying it n times, and a later cluster pays none
 # (env/bench_cluster.py --engine-fork on cold off compares them). One server per import-time environment
@@ -109,7 +105,7 @@ ENGINE_MODULE = "ddlcourse.engine"
 # fresh. DDLCOURSE_ENGINE_FORK=0 turns it off.
 ENGINE_FORK = os.environ.get("DDLCOURSE_ENGINE_FORK", "1") != "0"
 ENGINE_PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.kernel", *forkserver.PRELOAD)
-# Each forked engine's nanny is forked by the same server (ddlcourse.engine.start_forked_nanny), not started as a
+# Each forked engine's nanny is forked by the same server (ddlcourse.cluster.engine.start_forked_nanny), not started as a
 # fresh python; False starts it fresh, as ipyparallel does (env/bench_cluster.py --nanny forked fresh compares).
 NANNY_FORK = True
 
@@ -126,7 +122,7 @@ def _phase_clock(phases: dict, t0: float):
 
 
 def _describe_engine() -> dict:  # runs on an engine
-    return dist.describe()
+    return placement.describe()
 
 
 @dataclass
@@ -230,7 +226,7 @@ class MPICluster:
         self._slurm_job = os.environ.get("SLURM_JOB_ID") if in_slurm_allocation() else None
         self._steps_before = set(_slurm_steps(self._slurm_job)) if self._slurm_job else set()
         # On one host the engines start with the controller and read its connection file from the profile
-        # folder once it is written (ddlcourse.engine waits for it); across hosts that folder may not be
+        # folder once it is written (ddlcourse.cluster.engine waits for it); across hosts that folder may not be
         # shared, so ipyparallel waits for the controller and hands the engines its connection in the environment.
         self._cluster.send_engines_connection_env = multi_host or not ENGINES_WITH_CONTROLLER
         cfg = self._cluster.config
@@ -386,7 +382,7 @@ class MPICluster:
     def _start_watchdog(self) -> None:
         # A separate session, so it survives the kernel being killed and then cleans up.
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "ddlcourse._watchdog", str(os.getpid()), str(self._state_file)],
+            [sys.executable, "-m", "ddlcourse.cluster.watchdog", str(os.getpid()), str(self._state_file)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True)
         atexit.register(self.stop)

@@ -1,10 +1,10 @@
-"""The course's ipyparallel engine: ``python -m ddlcourse.engine`` is ``python -m ipyparallel.engine``, except
+"""The course's ipyparallel engine: ``python -m ddlcourse.cluster.engine`` is ``python -m ipyparallel.engine``, except
 that it imports torch in a background thread while the engine starts up and registers with the hub.
 
 Registration is mostly waiting (for the hub's heartbeats), and the first call on the engines needs torch
 anyway: ``MPICluster.start`` describes every rank right after registration, and that first call used to
 spend most of its time importing torch. Importing it during the wait takes that time out of the start;
-``env/bench_cluster.py --engine ipyparallel.engine ddlcourse.engine`` measures both, interleaved.
+``env/bench_cluster.py --engine ipyparallel.engine ddlcourse.cluster.engine`` measures both, interleaved.
 
 On one host ``MPICluster`` launches the engines together with the controller, not after it: each engine
 waits here for the controller's connection file (in the cluster's profile folder) while it imports, and a
@@ -17,7 +17,7 @@ engine's main thread (``--mpi``), and torch imports nothing the engine's own sta
 Each engine starts a nanny once it has registered (ipyparallel's, which tells the hub at once when its engine
 dies), and waits for it. ipyparallel starts it as a fresh ``python``: 0.7 CPU-s of imports, on the start's
 path. An engine forked by ``MPICluster``'s fork server (``$DDLCOURSE_NANNY_SERVER`` names the server) has it
-forked by the same server, which has imported all the nanny needs (``python -m ddlcourse.engine --nanny``).
+forked by the same server, which has imported all the nanny needs (``python -m ddlcourse.cluster.engine --nanny``).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddlcourse import forkserver
+from ddlcourse.cluster import forkserver
 
 PRELOAD = ("torch",)
 CONNECTION_WAIT_S = 60.0   # then ipengine's own wait says the file never came
@@ -74,7 +74,7 @@ def start_forked_nanny(server: str, **kwargs):
     kwargs["pid"] = os.getpid()
     env = {k: v for k, v in os.environ.items() if k != "PMI_FD"}  # the engine's PMI socket is not the nanny's
     env["PYTHONUNBUFFERED"] = "1"
-    p = subprocess.Popen(forkserver.rank_command(server, ["-m", "ddlcourse.engine", "--nanny"]), env=env,
+    p = subprocess.Popen(forkserver.rank_command(server, ["-m", "ddlcourse.cluster.engine", "--nanny"]), env=env,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     p.stdin.write(pickle.dumps(kwargs))
     p.stdin.close()

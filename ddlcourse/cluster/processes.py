@@ -2,7 +2,7 @@
 
 Every :class:`ddlcourse.cluster.MPICluster` records what it started (controller, launcher process groups,
 engines and their hosts, the Slurm steps) in a JSON file under :func:`runtime_dir`. From that record
-:func:`stop_all` (``python -m ddlcourse stop-all``) and the watchdog (``ddlcourse._watchdog``) stop a cluster
+:func:`stop_all` (``python -m ddlcourse stop-all``) and the watchdog (``ddlcourse.cluster.watchdog``) stop a cluster
 whose kernel died, and :func:`find_processes` lists engines and launchers that nothing records any more.
 Only processes of this host are signalled by PID; engines on other nodes end with their launcher or with
 ``scancel`` of their Slurm steps.
@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ddlcourse.engine", "ipyparallel.controller",
+ENGINE_NAMES = ("ipengine", "ipcontroller", "ipyparallel.engine", "ddlcourse.cluster.engine", "ipyparallel.controller",
                 "hydra_pmi_proxy", "mpiexec", "forkserver.py")   # forked engines show their server's command
 
 

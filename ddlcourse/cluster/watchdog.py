@@ -1,6 +1,6 @@
 """Stop a cluster when the process that started it dies.
 
-Started by :class:`ddlcourse.cluster.MPICluster` as ``python -m ddlcourse._watchdog PARENT_PID STATE_FILE``
+Started by :class:`ddlcourse.cluster.MPICluster` as ``python -m ddlcourse.cluster.watchdog PARENT_PID STATE_FILE``
 in a session of its own. A kernel killed by nbval or restarted in JupyterLab never runs its own cleanup,
 so this process does it: once PARENT_PID is gone it kills what STATE_FILE records. It exits quietly when
 the state file disappears (the cluster was stopped normally).
@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from ddlcourse.processes import alive, kill_recorded  # the standard library only: no ipyparallel, no torch
+from ddlcourse.cluster.processes import alive, kill_recorded  # the standard library only: no ipyparallel, no torch
 
 
 def main(parent_pid: int, state_file: str, poll: float = 0.5) -> int:
