@@ -30,7 +30,7 @@ How each number is estimated (the same text is printed under the table):
   busiest GPU: local rank 0 belongs to every "first k ranks" subgroup, and the notebook kernel runs there.
 
   - one NCCL communicator for the world, one per subgroup the notebook creates (``dist.subgroup(k)``, so
-    ``mp.on_first_ranks(k, ...)`` and every ``training.run`` / ``scaling_experiment`` on k ranks), one per
+    ``dist.on_first_ranks(k, ...)`` and every ``training.run`` / ``scaling_experiment`` on k ranks), one per
     dimension of a multi-dimensional device mesh (``dcp.mesh_2d`` / ``init_device_mesh`` with 2 dimensions;
     a 1-D mesh over the world reuses the world's group) and Horovod's own when Horovod all-reduces on the GPU.
     The engines cache their groups for the life of the cluster, so they add up over a notebook.
@@ -81,7 +81,7 @@ from ddlcourse.models.driving import MultiViewNet
 from ddlcourse.models.small import MLP, SmallCNN
 from ddlcourse.models.topology import UNet
 from ddlcourse.models.transformer import expert_capacity
-from ddlcourse.parallel import model_parallel as mp, pipeline_schedules, sharded
+from ddlcourse.experiments import model_parallel as mp_exp, pipeline_schedules as schedules_exp, sharded as sharded_exp
 
 GiB = 2 ** 30
 GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
@@ -325,18 +325,18 @@ def _memory(s):         # notebook 14: runs in the kernel
 
 
 def _model_parallel(s):
-    return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
+    return [Workload("serial reference", s.n_ranks, lambda: mp_exp.demo_model(n_layers=s.n_layers),
                      _cls(s.batch, 16, n_classes=4), optimizer="none", data_bytes=s.batch * (16 * F32 + I64))]
 
 
 def _pipeline(s):
-    return [Workload("serial reference", s.n_ranks, lambda: mp.demo_model(n_layers=s.n_layers),
+    return [Workload("serial reference", s.n_ranks, lambda: mp_exp.demo_model(n_layers=s.n_layers),
                      _cls(s.global_batch, 16, n_classes=4), optimizer="none",
                      data_bytes=s.global_batch * (16 * F32 + I64))]
 
 
 def _tensor_spatial_sharded(s):
-    return [Workload("sharded: serial Adam", s.n_ranks, lambda: sharded.make_model(32, s.sharded_hidden,
+    return [Workload("sharded: serial Adam", s.n_ranks, lambda: sharded_exp.make_model(32, s.sharded_hidden,
                                                                                   s.sharded_depth),
                      _cls(32, 32, n_classes=4), optimizer="adam"),
             Workload("tensor parallel", s.n_ranks, _mlp(16, 4, s.hidden), _cls(8, 16, n_classes=4), optimizer="none")]
@@ -521,7 +521,7 @@ def _profiling(s):      # notebook 24: the profiled DDP step (the compile compar
 
 def _pipeline_schedules(s):  # notebook 17: every rank also builds the whole model as the serial reference
     return [Workload("serial reference", s.n_ranks,
-                     lambda: pipeline_schedules.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
+                     lambda: schedules_exp.build_model(2 * s.n_ranks, s.dim, s.layers_per_rank // 2),
                      _dense(s.global_batch, (s.dim,), (s.dim,)), loss=_mse, optimizer="none",
                      data_bytes=2 * s.global_batch * s.dim * F32)]
 

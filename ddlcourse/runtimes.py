@@ -338,7 +338,3 @@ def bandwidths_at(nbytes: int, reps: int = 5, comm=None) -> dict:
         algbw = buf.nbytes / t
         out[way] = {"seconds": t, "algbw": algbw, "busbw": algbw * bus_bandwidth_factor("all_reduce", n)}
     return out
-
-
-# --------------------------------------------------------------------------- running on the first k ranks
-on_first_ranks = dist.on_first_ranks      # fn(..., comm=<first k ranks>): see dist.on_first_ranks

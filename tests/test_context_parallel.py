@@ -6,16 +6,19 @@ import torch
 
 from ddlcourse.parallel import context
 
+from ddlcourse.experiments import context as context_exp
+
 CODE = """
 import json
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import context
+from ddlcourse.experiments import context as context_exp
 dist.init(horovod=False)
 out = {}
 for layout in context.LAYOUTS:
-    a = context.compare_attention(seq_len=32, layout=layout)
-    m = context.compare_model(layout=layout)
+    a = context_exp.compare_attention(seq_len=32, layout=layout)
+    m = context_exp.compare_model(layout=layout)
     out[layout] = dict(attn=max(v for k, v in a.items() if k in ("out", "dq", "dk", "dv")),
                        model=max(m["loss_diff"], m["grad_diff"]), scores=a["scores"])
 res = MPI.COMM_WORLD.gather(out, root=0)

@@ -11,7 +11,7 @@ CODE = r"""
 import numpy as np
 from mpi4py import MPI
 from ddlcourse import dist
-from ddlcourse.parallel.data_parallel import train_way
+from ddlcourse.experiments.data_parallel import train_way
 
 dist.init()
 out = {}

@@ -34,7 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = [
     "ddlcourse/parallel/data_parallel.py", "ddlcourse/parallel/syncbn.py", "ddlcourse/parallel/model_parallel.py",
     "ddlcourse/parallel/pipeline.py", "ddlcourse/parallel/sharded.py", "ddlcourse/parallel/spatial.py",
-    "ddlcourse/parallel/tensor.py", "ddlcourse/parallel/mesh.py", "ddlcourse/parallel/branches.py",
+    "ddlcourse/parallel/tensor.py", "ddlcourse/parallel/branches.py",
+    *(f"ddlcourse/experiments/{m}.py" for m in ("data_parallel", "syncbn", "model_parallel", "pipeline", "sharded",
+                                                  "spatial", "tensor", "mesh")),
     "ddlcourse/integrity.py", "ddlcourse/federated.py", "ddlcourse/optim.py", "ddlcourse/collectives.py",
 ]
 
@@ -301,9 +303,9 @@ def engine_functions() -> dict[str, set[tuple[str, str]]]:
 
 def test_the_scan_finds_the_engine_functions():
     found = engine_functions()
-    assert ("ddlcourse/parallel/data_parallel.py", "train_way") in found["05_data_parallel.ipynb"]
+    assert ("ddlcourse/experiments/data_parallel.py", "train_way") in found["05_data_parallel.ipynb"]
     assert ("ddlcourse/integrity.py", "run_all") in found["03_loss_integrity.ipynb"]
-    assert ("ddlcourse/parallel/pipeline.py", "compare_with_serial") in found["16_pipeline.ipynb"]
+    assert ("ddlcourse/experiments/pipeline.py", "compare_with_serial") in found["16_pipeline.ipynb"]
     assert ("ddlcourse/federated.py", "fedavg") in found["10_federated.ipynb"]
 
 
@@ -399,13 +401,14 @@ def _devices(*things) -> set:
 def _builders(device):
     from ddlcourse import federated, integrity
     from ddlcourse.parallel import model_parallel, sharded, tensor
+    from ddlcourse.experiments import model_parallel as model_parallel_exp, sharded as sharded_exp, tensor as tensor_exp
 
     cfg = integrity.make_config(batchnorm=True)
     kw = {} if device is None else {"device": device}
     return {
-        "model_parallel.demo_model": model_parallel.demo_model(0, n_layers=3, **kw),
-        "tensor.serial_mlp": tensor.serial_mlp(8, 16, **kw),
-        "sharded.make_model": sharded.make_model(8, 16, 2, **kw),
+        "model_parallel_exp.demo_model": model_parallel_exp.demo_model(0, n_layers=3, **kw),
+        "tensor_exp.serial_mlp": tensor_exp.serial_mlp(8, 16, **kw),
+        "sharded_exp.make_model": sharded_exp.make_model(8, 16, 2, **kw),
         "federated._model": federated._model(0, 8, **kw),
         "federated.data": federated.data(16, 8, **kw),
         "integrity.build_model": integrity.build_model(cfg, **kw),

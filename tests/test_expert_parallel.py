@@ -5,13 +5,16 @@ import pytest
 
 from ddlcourse.parallel import expert
 
+from ddlcourse.experiments import expert as expert_exp
+
 CODE = """
 import json
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import expert
+from ddlcourse.experiments import expert as expert_exp
 dist.init(horovod=False)
-out = [expert.compare_with_serial(capacity_factor=cf, skew=1.0) for cf in (0.75, 1.0, 4.0)]
+out = [expert_exp.compare_with_serial(capacity_factor=cf, skew=1.0) for cf in (0.75, 1.0, 4.0)]
 res = MPI.COMM_WORLD.gather(out, root=0)
 if dist.rank() == 0:
     print("RESULT" + json.dumps(res))
@@ -32,7 +35,7 @@ def test_expert_parallel_equals_serial(mpi, n):
 
 
 def test_capacity_sweep_drops_less_with_more_capacity():
-    sweep = expert.capacity_sweep([0.5, 1.0, 2.0, 8.0], n_tokens=128)
+    sweep = expert_exp.capacity_sweep([0.5, 1.0, 2.0, 8.0], n_tokens=128)
     drops = [s["dropped_share"] for s in sweep]
     assert drops == sorted(drops, reverse=True) and drops[0] > 0.3 and drops[-1] == 0
     assert all(max(s["load"]) <= s["capacity"] for s in sweep)

@@ -65,11 +65,12 @@ from mpi4py import MPI
 from ddlcourse import dist, layout
 from ddlcourse.models import transformer as T
 from ddlcourse.parallel import context, expert
+from ddlcourse.experiments import context as context_exp, expert as expert_exp
 dist.init(horovod=False)
 cfg = T.TransformerConfig(vocab=11, seq_len=128, dim=64, n_heads=8, n_layers=1)
-cp = context.measure_block(cfg, batch=1)
-cp3 = context.measure_block(cfg, batch=3)                          # more than one sequence per micro-batch
-ep = expert.measure_traffic(tokens_per_rank=512, experts_per_rank=2, top_k=2, capacity_factor=2.0, skew=0.0)
+cp = context_exp.measure_block(cfg, batch=1)
+cp3 = context_exp.measure_block(cfg, batch=3)                          # more than one sequence per micro-batch
+ep = expert_exp.measure_traffic(tokens_per_rank=512, experts_per_rank=2, top_k=2, capacity_factor=2.0, skew=0.0)
 res = MPI.COMM_WORLD.gather(dict(cp=cp, cp3=cp3, ep=ep), root=0)
 if dist.rank() == 0:
     print("RESULT" + json.dumps(res))

@@ -6,9 +6,9 @@ from ddlcourse.parallel.model_parallel import partition
 CODE = """
 from mpi4py import MPI
 from ddlcourse import dist
-from ddlcourse.parallel import model_parallel as mp
+from ddlcourse.experiments import model_parallel as mp_exp
 dist.init(horovod=False)
-r = mp.compare_with_serial(batch=16, n_layers=7)
+r = mp_exp.compare_with_serial(batch=16, n_layers=7)
 worst = MPI.COMM_WORLD.allreduce(max(r["loss_diff"], r["grad_diff"]), op=MPI.MAX)
 kinds = sorted({(e["rank"], e["kind"]) for e in r["events"]})
 if dist.rank() == 0:
@@ -34,8 +34,7 @@ def test_partition():
 
 FAILS = """
 import json
-from ddlcourse import dist, runtimes
-from ddlcourse.parallel import model_parallel as mp
+from ddlcourse import dist
 def bad_input(batch, group=None):              # every rank of the subgroup rejects the input
     raise ValueError(f"batch must be positive, got {batch}")
 def rank0_only(group=None):                    # one rank fails, its peer would go on to a collective
@@ -43,9 +42,9 @@ def rank0_only(group=None):                    # one rank fails, its peer would 
         raise KeyError("rank 0's own mistake")
     return "fine"
 out = {}
-for name, call in [("mp", lambda: mp.on_first_ranks(2, bad_input, -1)),
-                   ("one", lambda: mp.on_first_ranks(2, rank0_only)),
-                   ("rt", lambda: runtimes.on_first_ranks(2, lambda comm=None: 1 / 0))]:
+for name, call in [("mp", lambda: dist.on_first_ranks(2, bad_input, -1)),
+                   ("one", lambda: dist.on_first_ranks(2, rank0_only)),
+                   ("rt", lambda: dist.on_first_ranks(2, lambda comm=None: 1 / 0))]:
     try:
         call()
         out[name] = "returned"

@@ -5,6 +5,8 @@ import pytest
 
 from ddlcourse.parallel import param_server as ps
 
+from ddlcourse.experiments import param_server as ps_exp
+
 
 def test_shard_bounds_cover_everything():
     b = ps.shard_bounds(10, 3)
@@ -16,17 +18,17 @@ def test_shard_bounds_cover_everything():
 
 def test_staleness_zero_is_serial_sgd_and_staleness_changes_the_path():
     kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
-    s0 = ps.train_stale(0, **kw)
-    serial = ps.train_serial(**kw)
+    s0 = ps_exp.train_stale(0, **kw)
+    serial = ps_exp.train_serial(**kw)
     assert np.abs(s0["params"] - serial["params"]).max() < 1e-12
-    s2 = ps.train_stale(2, **kw)
+    s2 = ps_exp.train_stale(2, **kw)
     assert np.abs(s2["params"] - serial["params"]).max() > 1e-6
     with pytest.raises(ValueError, match="staleness"):
-        ps.train_stale(-1)
+        ps_exp.train_stale(-1)
 
 
 def test_traffic_model():
-    m = ps.traffic_model(1000, n_ranks=5, n_servers=1)
+    m = ps_exp.traffic_model(1000, n_ranks=5, n_servers=1)
     assert m["server"] == 4 * 8000 and m["worker"] == 8000          # bytes sent per step
     assert m["ring"] == pytest.approx(2 * 4 / 5 * 8000)
 
@@ -35,16 +37,17 @@ CODE = r"""
 import numpy as np
 from mpi4py import MPI
 from ddlcourse.parallel import param_server as ps
+from ddlcourse.experiments import param_server as ps_exp
 c = MPI.COMM_WORLD
 servers = [1, 2] if c.size >= 4 else [1]
-sync = {S: ps.compare_sync(steps=4, lr=0.5, n_servers=S, n_train=48, dim=4, hidden=8) for S in servers}
-tr = ps.traffic(1000, n_servers=1, steps=2)
+sync = {S: ps_exp.compare_sync(steps=4, lr=0.5, n_servers=S, n_train=48, dim=4, hidden=8) for S in servers}
+tr = ps_exp.traffic(1000, n_servers=1, steps=2)
 trs = c.gather(tr, root=0)
-asy = ps.train_async(steps=3, n_train=48, dim=4, hidden=8)
+asy = ps_exp.train_async(steps=3, n_train=48, dim=4, hidden=8)
 kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
-l1 = ps.train_local_sgd(1, **kw)
-ar = ps.train_allreduce(**kw)
-l3 = ps.train_local_sgd(3, **kw)
+l1 = ps_exp.train_local_sgd(1, **kw)
+ar = ps_exp.train_allreduce(**kw)
+l3 = ps_exp.train_local_sgd(3, **kw)
 d_local = c.allreduce(float(np.abs(l1["params"] - ar["params"]).max()), op=MPI.MAX)
 if c.rank == 0:
     print(repr((sync, trs, len(asy["staleness"]), min(asy["staleness"]), d_local, l1["at"], l3["at"],
@@ -58,7 +61,7 @@ def test_sync_ps_equals_serial_and_allreduce(mpi, n):
     sync, trs, n_stale, min_stale, d_local, at1, at3, b1, b3 = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
     for d in sync.values():
         assert d["ps_vs_serial"] < 1e-12 and d["allreduce_vs_serial"] < 1e-12, sync
-    model = ps.traffic_model(1000, n_ranks=n, n_servers=1)
+    model = ps_exp.traffic_model(1000, n_ranks=n, n_servers=1)
     for r, t in enumerate(trs):
         assert t["role"] == ("server" if r == 0 else "worker")
         assert t["ps_bytes"] == model[t["role"]]            # bytes counted on the real messages

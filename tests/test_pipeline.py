@@ -8,11 +8,12 @@ import torch
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import pipeline
+from ddlcourse.experiments import pipeline as pipeline_exp
 dist.init(horovod=False)
 worst, infl = 0.0, {}
 for sched in ("gpipe", "1f1b"):
     for m in (1, 3, 4):
-        r = pipeline.compare_with_serial(num_micro_batches=m, micro_batch=4, n_layers=6, schedule=sched)
+        r = pipeline_exp.compare_with_serial(num_micro_batches=m, micro_batch=4, n_layers=6, schedule=sched)
         worst = max(worst, r["loss_diff"], r["grad_diff"])
         infl[(sched, m)] = r["max_in_flight"]
 worst = MPI.COMM_WORLD.allreduce(worst, op=MPI.MAX)
@@ -52,13 +53,14 @@ from torch import nn
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import pipeline, model_parallel as mp
+from ddlcourse.experiments import pipeline as pipeline_exp, model_parallel as mp_exp
 from ddlcourse.data.toy import teacher_classification
 dist.init(horovod=False)
 s, p = dist.rank(), dist.world_size()
 X, Y = teacher_classification(16, dim=16, n_classes=4, seed=0)
 loss_fn = nn.CrossEntropyLoss()
-a = mp.stage_module(mp.demo_model(0, n_layers=4), s, p)
-b = mp.stage_module(mp.demo_model(0, n_layers=4), s, p)
+a = mp.stage_module(mp_exp.demo_model(0, n_layers=4), s, p)
+b = mp.stage_module(mp_exp.demo_model(0, n_layers=4), s, p)
 pipeline.run(a, list(X.chunk(4)), list(Y.chunk(4)), loss_fn, "gpipe")
 pipeline.torch_pipelining_step(b, X, Y, loss_fn, 4, "gpipe")
 d = max((u.grad - v.grad).abs().max().item() for u, v in zip(a.parameters(), b.parameters()))
@@ -77,6 +79,7 @@ def test_same_as_torch_pipelining(mpi):
 WORK_CODE = """
 from ddlcourse import dist
 from ddlcourse.parallel import pipeline, model_parallel as mp
+from ddlcourse.experiments import pipeline as pipeline_exp, model_parallel as mp_exp
 from ddlcourse.data.toy import teacher_classification
 from torch import nn
 dist.init(horovod=False)
@@ -87,7 +90,7 @@ X, Y = teacher_classification(24, dim=16, n_classes=4, seed=0)
 said = []
 for m in (1, 4, 6):
     slept.clear()
-    stage = mp.stage_module(mp.demo_model(0, n_layers=4), s, p)
+    stage = mp.stage_module(mp_exp.demo_model(0, n_layers=4), s, p)
     pipeline.run(stage, list(X.chunk(m)), list(Y.chunk(m)), nn.CrossEntropyLoss(), "1f1b",
                  delay_s=0.3, overhead_s=0.01)
     said.append(f"RANK {s} M {m} TOTAL {sum(slept):.6f} N {len(slept)}")

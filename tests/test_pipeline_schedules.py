@@ -5,25 +5,27 @@ import pytest
 from ddlcourse import selfcheck
 from ddlcourse.exercises import nb17_pipeline_schedules as ex
 from ddlcourse.parallel import pipeline_schedules as S
+from ddlcourse.experiments import pipeline_schedules as S_exp
 
 CODE = """
 import torch
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import pipeline_schedules as S
+from ddlcourse.experiments import pipeline_schedules as S_exp
 torch.set_num_threads(1)
 dist.init(horovod=False)
 n = dist.world_size()
 worst, losses = {}, {}
 for name in NAMES_HERE:
-    r = S.compare_with_serial(name, num_micro_batches=2 * n, micro_batch=3, dim=12, layers_per_rank=2)
+    r = S_exp.compare_with_serial(name, num_micro_batches=2 * n, micro_batch=3, dim=12, layers_per_rank=2)
     rs = MPI.COMM_WORLD.gather(r, root=0)
     if dist.rank() == 0:
         worst[name] = max(max(d["grad_diff"], d["loss_diff"]) for d in rs)
         losses[name] = sorted(d["n_losses"] for d in rs)
-m = S.measure("GPipe", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
-f = S.measure("1F1B", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
-i = S.measure("Interleaved1F1B", num_micro_batches=2 * n, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
+m = S_exp.measure("GPipe", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
+f = S_exp.measure("1F1B", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
+i = S_exp.measure("Interleaved1F1B", num_micro_batches=2 * n, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
 held = MPI.COMM_WORLD.gather((m["held"], f["held"], m["busy"] > 0, len(m["events"]), i["held"]), root=0)
 if dist.rank() == 0:
     print("RESULT", repr((worst, losses, held)))
@@ -79,7 +81,7 @@ def test_predicted_bubble():
     assert S.predicted_bubble("Interleaved1F1B", 4, 12) == pytest.approx(3 / 27)
     assert S.predicted_bubble("InterleavedZeroBubble", 4, 12) == pytest.approx(3 / 75)   # ZB-H1: not 0
     assert S.predicted_bubble("ZBVZeroBubble", 4, 12) > 0                                 # start-up offset
-    assert S.bubble([dict(busy=1.0, makespan=2.0), dict(busy=2.0, makespan=2.0)]) == pytest.approx(0.25)
+    assert S_exp.bubble([dict(busy=1.0, makespan=2.0), dict(busy=2.0, makespan=2.0)]) == pytest.approx(0.25)
     with pytest.raises(ValueError):
         S.predicted_bubble("GPipe", 0, 4)
     assert [S.predicted_held("1F1B", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]

@@ -121,7 +121,7 @@ def test_profile_step_needs_init():
 # --------------------------------------------------------------------------- on 2 gloo ranks
 RANKS = r"""
 from ddlcourse import dist, profiling as P
-from ddlcourse.parallel.model_parallel import on_first_ranks
+from ddlcourse.dist import on_first_ranks
 import os, pytest
 info = dist.init(horovod=False)
 kw = dict(dim=16, hidden=64, depth=2, batch=16, steps=2, bucket_cap_mb=0.01)

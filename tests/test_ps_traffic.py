@@ -6,15 +6,16 @@ import pytest
 
 from ddlcourse.exercises import nb09_parameter_server as ex
 from ddlcourse.parallel import param_server as ps
+from ddlcourse.experiments import param_server as ps_exp
 
 
 def test_traffic_model_counts_bytes_sent():
     P = 1000 * 8
-    m = ps.traffic_model(1000, n_ranks=5, n_servers=1)
+    m = ps_exp.traffic_model(1000, n_ranks=5, n_servers=1)
     assert m["server"] == 4 * P                          # its shard to each of W = 4 workers
     assert m["worker"] == P                              # its gradient
     assert m["ring"] == pytest.approx(2 * 4 / 5 * P)     # reduce-scatter + allgather: 2 (N-1) chunks of P/N
-    assert ps.traffic_model(1000, n_ranks=5, n_servers=2)["server"] == 3 * P / 2
+    assert ps_exp.traffic_model(1000, n_ranks=5, n_servers=2)["server"] == 3 * P / 2
 
 
 def test_exercise_2_references():
@@ -24,7 +25,7 @@ def test_exercise_2_references():
     assert ex.ps_servers_to_match(25_000_000, 15) == 8
     for W in range(1, 40):
         S = ex.ps_servers_to_match(1000, W, 8)
-        m = ps.traffic_model(1000, W + 1, 1, 8)
+        m = ps_exp.traffic_model(1000, W + 1, 1, 8)
         assert m["server"] / S <= m["ring"] * (1 + 1e-12)              # S servers are enough
         assert S == 1 or m["server"] / (S - 1) > m["ring"]             # and S - 1 are not
         assert S == math.ceil((W + 1) / 2)
@@ -33,11 +34,12 @@ def test_exercise_2_references():
 CODE = r"""
 from mpi4py import MPI
 from ddlcourse.parallel import param_server as ps
+from ddlcourse.experiments import param_server as ps_exp
 c = MPI.COMM_WORLD
-tr = c.gather(ps.traffic(1000, n_servers=1, steps=2), root=0)
+tr = c.gather(ps_exp.traffic(1000, n_servers=1, steps=2), root=0)
 kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
-l1 = ps.train_local_sgd(1, **kw)
-l3 = ps.train_local_sgd(3, **kw)
+l1 = ps_exp.train_local_sgd(1, **kw)
+l3 = ps_exp.train_local_sgd(3, **kw)
 n_params = l1["params"].size
 if c.rank == 0:
     print(repr((tr, n_params, l1["bytes_per_step"], l3["bytes_per_step"])))
@@ -48,11 +50,11 @@ if c.rank == 0:
 @pytest.mark.parametrize("n", [3, 4])
 def test_counted_bytes_are_bytes_sent(mpi, n):
     tr, n_params, b1, b3 = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
-    model = ps.traffic_model(1000, n_ranks=n, n_servers=1)
+    model = ps_exp.traffic_model(1000, n_ranks=n, n_servers=1)
     for t in tr:
         assert t["ps_bytes"] == model[t["role"]]                      # counted sends = the model
         assert t["ps_received"] == t["ps_bytes"]                      # and each receives as much
         assert t["ring_bytes"] == pytest.approx(model["ring"], rel=0.01)
         assert t["ring_received"] == pytest.approx(t["ring_bytes"], rel=0.01)   # chunks of 334 and 333 elements
-    ring = ps.traffic_model(n_params, n_ranks=n)["ring"]              # float64 parameters, 8 bytes each
+    ring = ps_exp.traffic_model(n_params, n_ranks=n)["ring"]              # float64 parameters, 8 bytes each
     assert b1 == pytest.approx(ring) and b3 == pytest.approx(ring / 3)

@@ -9,6 +9,7 @@ import torch
 from ddlcourse import layout
 from ddlcourse.models import transformer as T
 from ddlcourse.parallel import sequence
+from ddlcourse.experiments import sequence as sequence_exp
 
 CFG = dict(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
 MEM = dict(vocab=11, seq_len=32, dim=128, n_heads=4, n_layers=1)
@@ -19,9 +20,10 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.models import transformer as T
 from ddlcourse.parallel import sequence
+from ddlcourse.experiments import sequence as sequence_exp
 dist.init(horovod=False)
-cmp = sequence.compare_with_serial(T.TransformerConfig(**{CFG!r}), batch=2)
-mem = sequence.activation_sweep(T.TransformerConfig(**{MEM!r}), batch=2)
+cmp = sequence_exp.compare_with_serial(T.TransformerConfig(**{CFG!r}), batch=2)
+mem = sequence_exp.activation_sweep(T.TransformerConfig(**{MEM!r}), batch=2)
 res = MPI.COMM_WORLD.gather(dict(cmp=cmp, mem=mem), root=0)
 if dist.rank() == 0:
     print("RESULT" + json.dumps(res))
@@ -59,7 +61,7 @@ def test_serial_block_measured_by_the_same_code():
     x = torch.randn(2, cfg.seq_len, cfg.dim, requires_grad=True)
     with layout.saved_activations(block) as saved:
         block(x, torch.arange(cfg.seq_len))
-    assert sequence.activation_formula(cfg, 2, 1, False) == pytest.approx(saved.bytes, rel=0.10)
+    assert sequence_exp.activation_formula(cfg, 2, 1, False) == pytest.approx(saved.bytes, rel=0.10)
 
 
 def test_sp_formula_shrinks_only_the_norms():

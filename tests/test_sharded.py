@@ -7,10 +7,11 @@ CODE = """
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import sharded
+from ddlcourse.experiments import sharded as sharded_exp
 dist.init(horovod=False)
 out = {}
 for mode in ("ddp", "zero1", "zero2", "fsdp"):
-    d = sharded.compare_with_serial(mode, steps=3, global_batch=16, dim=16, hidden=32, depth=2)
+    d = sharded_exp.compare_with_serial(mode, steps=3, global_batch=16, dim=16, hidden=32, depth=2)
     worst = MPI.COMM_WORLD.allreduce(max(d["param_diff"], d["loss_diff"]), op=MPI.MAX)
     mem = MPI.COMM_WORLD.allreduce(d["memory"]["total"], op=MPI.SUM) / dist.world_size()
     out[mode] = (worst, mem)
@@ -48,9 +49,10 @@ def test_owners_balanced():
 VOLUME_CODE = """
 from ddlcourse import dist
 from ddlcourse.parallel import sharded
+from ddlcourse.experiments import sharded as sharded_exp
 dist.init(horovod=False)
 for mode in sharded.MODES:
-    r = sharded.train(mode, steps=2, global_batch=24, dim=16, hidden=48, depth=2, count_bytes=True)
+    r = sharded_exp.train(mode, steps=2, global_batch=24, dim=16, hidden=48, depth=2, count_bytes=True)
     tot = sum(r["sent"].values())
     print("VOL", dist.rank(), mode, tot, sharded.predicted_comm_bytes(mode, r["n_params"], dist.world_size()))
 dist.shutdown()

@@ -14,10 +14,11 @@ CLIP = """
 import torch.distributed as tdist
 from ddlcourse import dist
 from ddlcourse.parallel import sequence
+from ddlcourse.experiments import sequence as sequence_exp
 from ddlcourse.models import transformer as T
 dist.init(horovod=False)
 t = tdist.get_world_size()
-d = sequence.clipping_on_shards(T.TransformerConfig(vocab=11, seq_len=4 * t, dim=16 * t, n_heads=2 * t, n_layers=1))
+d = sequence_exp.clipping_on_shards(T.TransformerConfig(vocab=11, seq_len=4 * t, dim=16 * t, n_heads=2 * t, n_layers=1))
 assert d["right"]["grad_diff"] < 1e-6 and abs(d["right"]["norm"] - d["serial_norm"]) < 1e-5 * d["serial_norm"], d
 assert d["local"]["grad_diff"] > 1e-4 and d["local"]["norm"] < d["serial_norm"], d      # its own shards only
 assert d["summed"]["grad_diff"] > 1e-4 and d["summed"]["norm"] > d["serial_norm"], d    # replicated ones t times

@@ -5,11 +5,12 @@ CODE = """
 import torch
 from ddlcourse import dist
 from ddlcourse.parallel import spatial
+from ddlcourse.experiments import spatial as spatial_exp
 from mpi4py import MPI
 dist.init(horovod=False)
 res = []
 for ndim, dim, k, dil, size in [(2, 2, 3, 1, 16), (2, 3, 5, 1, 16), (2, 2, 3, 2, 16), (3, 2, 3, 1, 8), (3, 4, 3, 1, 8)]:
-    res.append(spatial.compare_with_serial(ndim=ndim, size=size, kernel=k, dim=dim, dilation=dil))
+    res.append(spatial_exp.compare_with_serial(ndim=ndim, size=size, kernel=k, dim=dim, dilation=dil))
 worst = max(max(r.values()) for r in res)
 worst = MPI.COMM_WORLD.allreduce(worst, op=MPI.MAX)
 if dist.rank() == 0:

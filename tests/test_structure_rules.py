@@ -460,10 +460,10 @@ class _FakeStage:
 
 
 def _run_chunks(clock, events):
-    from ddlcourse.parallel import pipeline_schedules
+    from ddlcourse.experiments import pipeline_schedules as pipeline_schedules_exp
     log = []
     stage = _FakeStage(log)
-    pipeline_schedules._instrument(stage, events, 0, clock)
+    pipeline_schedules_exp._instrument(stage, events, 0, clock)
     t0 = clock.start_step()
     stage.forward_one_chunk(0)
     stage.backward_one_chunk(0)
@@ -476,7 +476,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     (after the barrier) and end, and the events are read only after that end."""
     import torch
 
-    from ddlcourse.parallel import pipeline_schedules
+    from ddlcourse.experiments import pipeline_schedules as pipeline_schedules_exp
     gpu = {"t": 0.0, "synced_at": -1.0, "syncs": 0}
 
     class FakeEvent:
@@ -499,7 +499,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
     monkeypatch.setattr(torch.cuda, "synchronize", sync)
-    clock = pipeline_schedules._ChunkClock("cuda:0")
+    clock = pipeline_schedules_exp._ChunkClock("cuda:0")
     events = []
     t0, log = _run_chunks(clock, events)
     assert log == [("F", 0), ("B", 0), ("W", 0)]
@@ -507,7 +507,7 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
     assert all(isinstance(e["start"], FakeEvent) and isinstance(e["stop"], FakeEvent) for e in events)
     clock.end_step()
     assert gpu["syncs"] == 2
-    got = pipeline_schedules._resolve(events, clock, t0)
+    got = pipeline_schedules_exp._resolve(events, clock, t0)
     assert [(e["kind"], e["stage"]) for e in got] == [("F", 3), ("B", 3), ("W", 3)]
     assert [(round(e["start"], 6), round(e["stop"], 6)) for e in got] == \
         [(0.0015, 0.003), (0.0045, 0.006), (0.0075, 0.009)]   # ms after the reference event, in seconds
@@ -516,18 +516,18 @@ def test_chunk_timing_on_cuda_records_events_and_synchronises_once(monkeypatch):
 def test_chunk_timing_on_the_cpu_is_the_host_clock(monkeypatch):
     import torch
 
-    from ddlcourse.parallel import pipeline_schedules
+    from ddlcourse.experiments import pipeline_schedules as pipeline_schedules_exp
 
     def no_events(*a, **k):
         raise AssertionError("no CUDA event on the CPU")
 
     monkeypatch.setattr(torch.cuda, "Event", no_events)
-    clock = pipeline_schedules._ChunkClock("cpu")
+    clock = pipeline_schedules_exp._ChunkClock("cpu")
     events = []
     t0, _ = _run_chunks(clock, events)
     clock.end_step()
     assert all(isinstance(e["start"], float) and t0 <= e["start"] <= e["stop"] for e in events)
-    got = pipeline_schedules._resolve(events, clock, t0)
+    got = pipeline_schedules_exp._resolve(events, clock, t0)
     assert all(g["start"] == e["start"] - t0 and g["stop"] == e["stop"] - t0 for g, e in zip(got, events))
 
 
@@ -535,11 +535,11 @@ def test_measure_reads_the_events_after_the_step():
     """measure(): the clock's start_step/end_step bracket the step and _resolve comes after end_step."""
     import inspect
 
-    from ddlcourse.parallel import pipeline_schedules
-    src = inspect.getsource(pipeline_schedules.measure)
+    from ddlcourse.experiments import pipeline_schedules as pipeline_schedules_exp
+    src = inspect.getsource(pipeline_schedules_exp.measure)
     a = src.index("clock.start_step()")
     assert a < src.index("_step(sched", a) < src.index("clock.end_step()", a) < src.index("_resolve(events, clock, t0)", a)
-    assert "synchronize" not in inspect.getsource(pipeline_schedules._instrument)
+    assert "synchronize" not in inspect.getsource(pipeline_schedules_exp._instrument)
 
 
 # --------------------------------------------------------------------------- one clock

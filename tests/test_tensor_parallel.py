@@ -5,8 +5,9 @@ CODE = """
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import tensor
+from ddlcourse.experiments import tensor as tensor_exp
 dist.init(horovod=False)
-d = tensor.compare_with_serial(batch=6, dim=12, hidden=32)
+d = tensor_exp.compare_with_serial(batch=6, dim=12, hidden=32)
 worst = MPI.COMM_WORLD.allreduce(max(d.values()), op=MPI.MAX)
 if dist.rank() == 0:
     print("WORST", worst)
@@ -23,9 +24,9 @@ def test_tensor_parallel_matches_serial(mpi, n):
 MESH = """
 from mpi4py import MPI
 from ddlcourse import dist
-from ddlcourse.parallel import mesh
+from ddlcourse.experiments import mesh as mesh_exp
 dist.init(horovod=False)
-d = mesh.hybrid_compare_with_serial(dp=2, tp=2)
+d = mesh_exp.hybrid_compare_with_serial(dp=2, tp=2)
 worst = MPI.COMM_WORLD.allreduce(max(d["loss_diff"], d["grad_diff"]), op=MPI.MAX)
 coords = MPI.COMM_WORLD.gather((d["dp_rank"], d["tp_rank"]), root=0)
 if dist.rank() == 0:

@@ -4,7 +4,8 @@ import sys
 
 import numpy as np
 
-from ddlcourse.parallel.param_server import GRAD, PARAM, push_pull, traffic_model, train_ps
+from ddlcourse.experiments.param_server import traffic_model, train_ps
+from ddlcourse.parallel.param_server import GRAD, PARAM, push_pull
 from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
 
 

@@ -5,7 +5,7 @@ A multi-view network has one encoder per camera and a fusion head. Put each enco
 head on another, and the encoders of one micro-batch run *at the same time* (model parallelism across
 branches), while the head works on the previous micro-batch (a two-stage pipeline). Replicate that group of
 ``mp`` ranks ``dp`` times and average the gradients across replicas (data parallelism): a ``dp x mp`` mesh
-(``ddlcourse.parallel.mesh.build_mesh``; replicas are the rows, ranks of one replica are neighbours).
+(``ddlcourse.grid.build``; replicas are the rows, ranks of one replica are neighbours).
 
 Correctness: each replica gets ``global_batch / dp`` samples; each micro-batch's loss is its summed loss
 divided by the replica's batch, so the accumulated gradient is the replica's mean, and the average over

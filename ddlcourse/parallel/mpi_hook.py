@@ -46,10 +46,6 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel.distributed import _BufferCommHookLocation
-from ddlcourse import bench, dist
-from ddlcourse.data.toy import teacher_classification
-from ddlcourse.device import rank_device
-from ddlcourse.models.small import MLP
 
 MODE_VAR = "DDLCOURSE_DDP_HOOK"
 MODES = ("mpi-overlap", "mpi", "default")     # the first is the default
@@ -293,63 +289,3 @@ def hook_state(ddp) -> "MPIHookState | None":
 # --------------------------------------------------------------------------- the demo of notebook 07 (runtimes)
 HOOKS = ("default", "mpi", "mpi-overlap", "fp16")
 
-
-def compare_hooks(steps: int = 4, global_batch: int = 32, hidden: int = 64, time_steps: int = 10, group=None,
-                  device=None) -> dict:
-    """Train one MLP with DDP four ways on the ranks of ``group`` and compare with serial: DDP's default hook
-    (gloo on CPU), this module's two MPI hooks (blocking and overlapping), and torch's ``fp16_compress_hook``
-    (gradients sent in half precision).
-
-    Returns ``{hook: {"max_diff": |params - serial|, "seconds": median s/step (slowest rank), "buckets": ...}}``,
-    where ``buckets`` (MPI hooks only) counts the buckets that went through MPI (``"mpi"``) and those left to the
-    default hook (``"default"``). Runs on every rank of ``group`` (on a GPU no MPI hook is registered: NCCL).
-    """
-    from mpi4py import MPI
-
-
-    dist.init(horovod=False)
-    device = rank_device(device)
-    world, r = tdist.get_world_size(group), tdist.get_rank(group)
-    X, y = teacher_classification(4 * global_batch, dim=16, n_classes=4, seed=2)
-    X, y = X.to(device), y.to(device)
-    comm = comm_for(group)
-    comm = comm if comm is not None else MPI.COMM_WORLD
-
-    def train(hook: str | None):
-        torch.manual_seed(0)
-        model = MLP(16, 4, hidden=hidden).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.2)
-        state = None
-        if hook is not None:
-            ids = [device.index] if device.type == "cuda" else None
-            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
-            if hook in ("mpi", "mpi-overlap"):
-                register_mpi_hook(model, group, hook_mode=hook)
-                state = hook_state(model)
-            elif hook == "fp16":
-                model.register_comm_hook(group, default_hooks.fp16_compress_hook)
-        n, me = (1, 0) if hook is None else (world, r)
-
-        def step(s):
-            idx = (torch.arange(global_batch, device=device) + s * global_batch) % X.shape[0]
-            mine = idx[me::n]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(X[mine]), y[mine]).backward()
-            opt.step()
-
-        for s in range(steps):
-            step(s)
-        params = torch.cat([p.detach().flatten() for p in model.parameters()])
-        secs = None
-        if hook is not None:
-            st = bench.time_steps(lambda: step(0), n_steps=time_steps, warmup=1, sync=comm.Barrier, device=device)
-            secs = comm.allreduce(st.median, op=MPI.MAX)
-        return params, secs, state
-
-    serial, _, _ = train(None)
-    out = {}
-    for hook in HOOKS:
-        p, secs, state = train(hook)
-        out[hook] = {"max_diff": comm.allreduce((p - serial).abs().max().item(), op=MPI.MAX), "seconds": secs,
-                     "buckets": None if state is None else {"mpi": state.mpi_buckets, "default": state.buckets["default"]}}
-    return out
