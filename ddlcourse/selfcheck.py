@@ -6,13 +6,20 @@ in the notebook) and prints a verdict with a hint, in the spirit of karpathy's `
     from ddlcourse.selfcheck import check
     check("allreduce_sum", my_answer, n_ranks=4)
 
-Each notebook's reference answers live in ``ddlcourse/exercises/nbNN_topic.py`` (one file per notebook),
-registered with the ``@exercise`` decorator; every module of that package is imported on first use.
+The exercises live in three places, named by topic (see :mod:`ddlcourse.exercises`): what the learner starts
+from (the notebooks' build-it cells, and ``exercises/<topic>/<name>.py`` for the terminal), the checkers
+(``ddlcourse/exercises/checkers/<topic>.py``) and the reference solutions (``ddlcourse/exercises/solutions/``).
 
-Coding exercises (the learner writes the function) register a *checker* with ``@code_exercise``: it runs
-the learner's function, compares with the package's reference and names the typical mistake it sees::
+A checker module registers the reference *answers* of the notebook's questions with ``@exercise``, and a
+*checker* for each coding exercise with ``@code_exercise``: it runs the learner's function, compares with a
+reference the package computes (MPI's own allreduce, the serial model, ...) and names the typical mistake it
+sees::
 
     check_code("ring_allreduce", my_ring_allreduce, cluster=c)   # runs on every rank of c
+
+A solution module registers the reference *solution* a learner would write with ``@reference``, and the typical
+mistakes its checker must name, as functions with one mistake each. :func:`solution` shows a reference to a
+learner who is stuck; the tests run every mistake through its checker.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import importlib
 import inspect
 import io
 import json
-import math
+import os
 import pkgutil
 import re
 import textwrap
@@ -66,9 +73,14 @@ def check(name: str, answer, rtol: float = 1e-4, atol: float = 1e-8, **kwargs) -
     return ok
 
 
-def _load_all():
-    """Import every module of ``ddlcourse.exercises`` (each registers its notebook's answers)."""
-    import ddlcourse.exercises as pkg   # lazy: every exercise module imports this one, and loads half the package
+CHECKERS_PACKAGE, SOLUTIONS_PACKAGE = "ddlcourse.exercises.checkers", "ddlcourse.exercises.solutions"
+
+
+def _load_all(package: str = CHECKERS_PACKAGE):
+    """Import every module of ``package`` (the checkers: each registers its notebook's answers and checkers; the
+    solutions: each registers its references). Lazy: every such module imports this one, and they load half the
+    package."""
+    pkg = importlib.import_module(package)
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 
@@ -101,36 +113,56 @@ def order_verdict(got: list, ref: list, where: str, mistakes, count_hint: str) -
 
 
 class CodeExercise:
-    """A registered coding exercise: its checker, where it runs, and (for "build it" exercises) the reference
-    solution a learner would write and the typical mistakes its checker must name."""
+    """A registered coding exercise: its checker and where it runs; for a "build it" exercise also the reference
+    solution a learner would write and the typical mistakes its checker must name (from its solution module)."""
 
-    __slots__ = ("name", "checker", "distributed", "solution", "mistakes", "ranks")
+    __slots__ = ("name", "checker", "distributed", "ranks")
 
-    def __init__(self, name, checker, distributed, solution, mistakes, ranks):
-        self.name, self.checker, self.distributed = name, checker, distributed
-        self.solution, self.mistakes, self.ranks = solution, tuple(mistakes), tuple(ranks)
+    def __init__(self, name, checker, distributed, ranks):
+        self.name, self.checker, self.distributed, self.ranks = name, checker, distributed, tuple(ranks)
+
+    @property
+    def solution(self) -> Callable | None:
+        """The reference solution (None where none is registered)."""
+        return _reference(self.name)[0]
+
+    @property
+    def mistakes(self) -> tuple:
+        """Pairs ``(wrong_fn, hint_fragment)``: each function has one typical mistake, which the checker must reject
+        with a message containing ``hint_fragment``."""
+        return _reference(self.name)[1]
 
 
 CODE_EXERCISES: dict[str, CodeExercise] = {}
+SOLUTIONS: dict[str, tuple[Callable, tuple]] = {}     # name -> (reference solution, typical mistakes)
 
 
-def code_exercise(name: str, distributed: bool = False, solution: Callable | None = None,
-                  mistakes=(), ranks=(2, 3)):
-    """Register ``checker(fn, **kwargs) -> Verdict`` for the coding exercise ``name``.
+def code_exercise(name: str, distributed: bool = False, ranks=(2, 3)):
+    """Register ``checker(fn, **kwargs) -> Verdict`` for the coding exercise ``name`` (in a checker module).
 
-    The checker calls the learner's function on its own inputs, compares with the package's reference,
+    The checker calls the learner's function on its own inputs, compares with a reference the package computes,
     and when they differ names the typical mistake it recognises (see :func:`diagnose`).
     ``distributed=True``: the checker runs on every rank of a cluster (it may use MPI or torch.distributed);
-    ``ranks``: the world sizes its test runs it on.
-    ``solution``: the reference a learner would write, with the template's signature (:func:`solution` shows it).
-    ``mistakes``: pairs ``(wrong_fn, hint_fragment)``, functions with one typical mistake each, which the
-    checker must reject with a message containing ``hint_fragment`` (the tests run every one of them).
+    ``ranks``: the world sizes its tests run it on.
     """
     def deco(checker):
         if name in CODE_EXERCISES and CODE_EXERCISES[name].checker.__module__ != checker.__module__:
             raise ValueError(f"code exercise {name!r} is defined twice")
-        CODE_EXERCISES[name] = CodeExercise(name, checker, distributed, solution, mistakes, ranks)
+        CODE_EXERCISES[name] = CodeExercise(name, checker, distributed, ranks)
         return checker
+    return deco
+
+
+def reference(name: str, mistakes=()):
+    """Register ``fn`` as the reference solution of coding exercise ``name`` (in a solution module), with the
+    signature of the notebook's template (:func:`solution` shows it). ``mistakes``: pairs ``(wrong_fn,
+    hint_fragment)``, functions with one typical mistake each, which the checker must reject with a message
+    containing ``hint_fragment`` (the tests run every one of them)."""
+    def deco(fn):
+        if name in SOLUTIONS and SOLUTIONS[name][0].__module__ != fn.__module__:
+            raise ValueError(f"reference solution {name!r} is defined twice")
+        SOLUTIONS[name] = (fn, tuple(mistakes))
+        return fn
     return deco
 
 
@@ -141,12 +173,32 @@ def _code_exercise(name: str) -> CodeExercise:
     return CODE_EXERCISES[name]
 
 
+def _reference(name: str) -> tuple:
+    """``(solution, mistakes)`` of ``name``, loading the solution modules on first use; ``(None, ())`` if none."""
+    _load_all(SOLUTIONS_PACKAGE)
+    return SOLUTIONS.get(name, (None, ()))
+
+
+SOLUTIONS_VAR = "DDLCOURSE_SOLUTIONS"      # "hidden": solution() shows none (a class before its debrief)
+
+
+def solutions_hidden() -> bool:
+    return os.environ.get(SOLUTIONS_VAR, "").strip().lower() == "hidden"
+
+
 def solution(name: str) -> str:
-    """Print the reference solution of coding exercise ``name`` (for a learner who is stuck) and return it."""
+    """Print the reference solution of coding exercise ``name`` (for a learner who is stuck) and return it; in a
+    class whose instructor keeps the solutions until the debrief (``$DDLCOURSE_SOLUTIONS=hidden``), say so."""
     ex = _code_exercise(name)
     if ex.solution is None:
         raise KeyError(f"coding exercise {name!r} has no registered solution")
+    if solutions_hidden():
+        print(f"[{name}] the solutions are kept until the debrief in this class ({SOLUTIONS_VAR}=hidden): read the "
+              "checker's hint again, or ask your instructor")
+        return ""
     src = textwrap.dedent(inspect.getsource(ex.solution))
+    top = ast.parse(src).body[0]                  # from its `def` or `class` line: no @reference(...) above it
+    src = "\n".join(src.splitlines()[top.lineno - 1:]) + "\n"
     print(src)
     return src
 
@@ -265,9 +317,8 @@ def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) ->
     if distributed:
         if cluster is None:
             raise ValueError(f"exercise {name!r} runs on the ranks: pass cluster=c")
-        ar = cluster.view.apply_async(run_checker, name, fn, **kwargs)
         try:
-            verdicts = ar.get(timeout=timeout)
+            verdicts = cluster.run(run_checker, name, fn, timeout=timeout, **kwargs)
         except TimeoutError:
             print(f"[{name}] no answer from the ranks after {timeout:.0f} s: a send without its receive, or a "
                   "collective that not every rank calls, waits for ever. Restart the cluster and check the order "
@@ -291,8 +342,8 @@ def use_checked(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs):
     if check_code(name, fn, cluster=cluster, timeout=timeout, **kwargs):
         print(f"[{name}] the lab runs on your {getattr(fn, '__name__', 'code')}")
         return fn
-    print(f"[{name}] the lab runs on the package's reference until yours passes "
-          f"(selfcheck.solution({name!r}) shows it)")
+    print(f"[{name}] the lab runs on the package's reference until yours passes"
+          + ("" if solutions_hidden() else f" (selfcheck.solution({name!r}) shows it)"))
     return _code_exercise(name).solution
 
 

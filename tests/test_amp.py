@@ -4,7 +4,7 @@ import torch
 
 from ddlcourse import amp
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb23_mixed_precision as ex
+from ddlcourse.exercises.solutions import mixed_precision as ex
 
 
 def test_update_scale_is_torchs_rule():
@@ -67,7 +67,7 @@ def test_bytes_per_param():
 
 def test_dp_mixed_precision_on_two_ranks(mpi):
     code = ("from ddlcourse import dist, amp\n"
-            "info = dist.init(horovod=False)\n"
+            "info = dist.init()\n"
             "res = amp.dp_mixed_precision(steps=2, global_batch=4096)\n"
             "if info.rank == 0:\n"
             "    print('SENT', [res[w]['sent'] for w in amp.DP_WAYS])\n"
@@ -87,7 +87,7 @@ def test_dp_mixed_precision_on_a_subgroup(mpi):
     """The compress hook reduces over DDP's group: two ranks of three train, the third does not take part (a
     hook that all-reduced over the world would wait for it for ever)."""
     code = ("from ddlcourse import dist, amp\n"
-            "info = dist.init(horovod=False)\n"
+            "info = dist.init()\n"
             "comm, group = dist.subgroup(2)\n"
             "if group is not None:\n"
             "    res = amp.dp_mixed_precision(steps=1, global_batch=512, group=group)\n"

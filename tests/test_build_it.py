@@ -11,19 +11,19 @@ And every concept notebook after 02, and every lab, has an exercise whose soluti
 """
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import os
-import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from ddlcourse import selfcheck as sc
+from ddlcourse.exercises import templates
 
 from conftest import ROOT, run_mpi
+from helpers import shown_solution, solution_lines, text_shows
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 WARM_UPS = {"00_setup_check", "01_sgd", "02_batch_size"}     # the notebooks before the first mechanism
@@ -52,32 +52,9 @@ def _where() -> dict[str, Path]:
     return out
 
 
-_CALL = re.compile(r"""(?:check_code|use_checked)\(\s*["']([A-Za-z0-9_]+)["']\s*,\s*([A-Za-z_][A-Za-z0-9_]*)""")
-
-
 def template_of(name: str, nb: Path) -> tuple[str, str]:
     """(the name of the learner's function or class, a script defining it with the notebook's imports)."""
-    cells = [_src(c) for c in _cells(nb) if c["cell_type"] == "code"]
-    learner, at = None, None
-    for i, src in enumerate(cells):
-        m = next((m for m in _CALL.finditer(src) if m.group(1) == name), None)
-        if m:
-            learner, at = m.group(2), i
-            break
-    assert learner, f"{nb.name}: no check_code/use_checked call of {name!r} with the learner's function"
-    imports, definition = [], None
-    for src in cells[:at + 1]:
-        try:
-            tree = ast.parse(re.sub(r"^\s*[%!].*$", "", src, flags=re.M))   # magics are not Python
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                imports.append(ast.get_source_segment(src, node))
-            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == learner:
-                definition = ast.get_source_segment(src, node)
-    assert definition, f"{nb.name}: {learner} (the template of {name!r}) is not defined in a code cell"
-    return learner, "\n".join(imports + [definition])
+    return templates.script(name, nb.parent.parent)
 
 
 def _params(obj) -> list[str]:
@@ -95,53 +72,49 @@ def test_every_chapter_and_lab_has_a_build_it_exercise():
     assert total >= MIN_EXERCISES, f"{total} build-it exercises, want {MIN_EXERCISES}"
 
 
-def _normal(line: str) -> str:
-    line = re.sub(r"\s+#\s.*$", "", line.strip())            # a trailing comment
-    return re.sub(r"\s+", " ", line)
-
-
-def _solution_lines(fn) -> list[str]:
-    src = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(src)
-    drop = {tree.body[0].lineno}
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-            drop |= set(range(body[0].lineno, body[0].end_lineno + 1))
-    return [_normal(l) for i, l in enumerate(src.splitlines(), 1)
-            if i not in drop and _normal(l) and not l.strip().startswith("#")]
-
-
-def shown_solution(nb: Path, solution_lines: list[str], k: int = 3) -> str | None:
-    """The first run of ``k`` consecutive solution lines that the notebook shows, or None."""
-    runs = {tuple(solution_lines[i:i + k]) for i in range(len(solution_lines) - k + 1)}
-    for cell in _cells(nb):
-        lines = [_normal(l) for l in _src(cell).splitlines()]
-        lines = [l for l in lines if l and not l.startswith("#") or cell["cell_type"] == "markdown" and l]
-        for i in range(len(lines) - k + 1):
-            if tuple(lines[i:i + k]) in runs:
-                return "\n".join(lines[i:i + k])
-    return None
-
-
 def test_no_notebook_shows_the_solution_of_its_own_exercise():
     where = _where()
     shown = {}
     for name, ex in _build_it().items():
         if name in where:
-            run = shown_solution(where[name], _solution_lines(ex.solution))
+            run = shown_solution(where[name], solution_lines(ex.solution))
             if run:
                 shown[f"{where[name].name}:{name}"] = run
     assert not shown, f"notebooks that show 3+ consecutive lines of their own solution: {shown}"
 
 
+def test_checkers_and_solutions_live_apart():
+    """The checkers (ddlcourse/exercises/checkers/) hold no reference solution, not even three of its lines; every
+    reference is registered from ddlcourse/exercises/solutions/, by topic."""
+    sc._load_all()
+    sc._load_all(sc.SOLUTIONS_PACKAGE)
+    assert all(ex.checker.__module__.startswith(sc.CHECKERS_PACKAGE + ".") for ex in sc.CODE_EXERCISES.values()
+               if not ex.name.startswith("_"))
+    checkers = {f.name: f.read_text() for f in (ROOT / "ddlcourse" / "exercises" / "checkers").glob("*.py")}
+    found = {}
+    for name, (fn, _) in sc.SOLUTIONS.items():
+        assert fn.__module__.startswith(sc.SOLUTIONS_PACKAGE + "."), f"{name}: its solution is in {fn.__module__}"
+        for file, text in checkers.items():
+            run = text_shows(text, solution_lines(fn))
+            if run:
+                found[f"{file}:{name}"] = run
+    assert not found, f"checker modules that contain 3+ consecutive lines of a reference solution: {found}"
+    outside = {f.name for f in (ROOT / "ddlcourse" / "exercises").glob("*.py")} - {"__init__.py", "templates.py",
+                                                                                   "terminal.py"}
+    assert not outside, f"exercise modules outside checkers/ and solutions/: {sorted(outside)}"
+
+
+def test_the_rule_finds_a_solution_pasted_into_a_checker():
+    fn = sc.CODE_EXERCISES["ring_allreduce"].solution
+    assert text_shows("import numpy\n" + textwrap.dedent(inspect.getsource(fn)), solution_lines(fn))
+
+
 def test_shown_solution_finds_a_pasted_solution(tmp_path):
-    fn = sc.CODE_EXERCISES["ring_allreduce"].solution if "ring_allreduce" in _build_it() else _solution_lines
+    fn = sc.CODE_EXERCISES["ring_allreduce"].solution if "ring_allreduce" in _build_it() else solution_lines
     nb = tmp_path / "x.ipynb"
     body = textwrap.dedent(inspect.getsource(fn))
     nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": "```python\n" + body + "```"}]}))
-    assert shown_solution(nb, _solution_lines(fn))
+    assert shown_solution(nb, solution_lines(fn))
 
 
 def test_templates_have_the_solutions_signature():
@@ -167,6 +140,7 @@ _ON_RANKS = """
 import sys
 from mpi4py import MPI
 from ddlcourse import selfcheck as sc
+from ddlcourse.exercises import templates
 comm = MPI.COMM_WORLD
 RANK = comm.Get_rank()
 failures = []
@@ -258,14 +232,9 @@ def test_every_coding_exercise_has_a_solution_to_show():
 
 
 def test_a_hang_on_the_ranks_ends_with_advice(capsys):
-    class Hung:                                  # what ipyparallel gives when the ranks never answer
-        def get(self, timeout):
+    class Cluster:                               # what MPICluster.run gives when the ranks never answer
+        def run(self, *a, timeout=None, **k):
             raise TimeoutError
-    class View:
-        def apply_async(self, *a, **k):
-            return Hung()
-    class Cluster:
-        view = View()
     sc.code_exercise("_test_hangs", distributed=True)(lambda fn: sc.Verdict(True))
     assert not sc.check_code("_test_hangs", len, cluster=Cluster(), timeout=1)
     out = capsys.readouterr().out

@@ -3,12 +3,12 @@ import pytest
 
 from ddlcourse import dcp
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb26_native_sharding_checkpoints as ex
+from ddlcourse.exercises.solutions import native_sharding_checkpoints as ex
 
 _2D = """
 import torch
 from ddlcourse import dist, dcp
-dist.init(horovod=False); torch.set_num_threads(1)
+dist.init(); torch.set_num_threads(1)
 n = torch.distributed.get_world_size()
 ref = dcp.train_serial(5)
 out = dcp.train_2d(5, dp={dp})
@@ -33,7 +33,7 @@ def test_fsdp2_with_tensor_parallel_on_a_2d_mesh_equals_serial(mpi, n, dp, local
 _PHASE = """
 import sys, torch
 from ddlcourse import dist, dcp
-dist.init(horovod=False); torch.set_num_threads(1)
+dist.init(); torch.set_num_threads(1)
 ckpt = {ckpt!r}
 if {load}:
     res = dcp.train_phase(4, 8, load_from=ckpt)
@@ -59,7 +59,7 @@ def test_dcp_saved_on_2_ranks_loads_resharded_on_4_and_continues_exactly(mpi, tm
 
 def test_loading_at_the_wrong_step_is_refused(mpi, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    code = ("import torch\nfrom ddlcourse import dist, dcp\ndist.init(horovod=False)\n"
+    code = ("import torch\nfrom ddlcourse import dist, dcp\ndist.init()\n"
             f"dcp.train_phase(0, 2, save_to={ckpt!r})\n"
             f"try:\n    dcp.train_phase(3, 4, load_from={ckpt!r})\n"
             "except ValueError as e:\n    print('REFUSED', e)\n")
@@ -69,7 +69,7 @@ def test_loading_at_the_wrong_step_is_refused(mpi, tmp_path):
 def test_shard_range_matches_what_fsdp2_holds(mpi):
     code = ("import torch\nfrom torch import nn\nfrom ddlcourse import dist, dcp\n"
             "from torch.distributed.fsdp import fully_shard\nfrom torch.distributed.device_mesh import init_device_mesh\n"
-            "dist.init(horovod=False)\nr, n = torch.distributed.get_rank(), torch.distributed.get_world_size()\n"
+            "dist.init()\nr, n = torch.distributed.get_rank(), torch.distributed.get_world_size()\n"
             "mesh = init_device_mesh('cpu', (n,))\n"
             "for rows in (10, 3, 64):\n"
             "    m = nn.Linear(5, rows); fully_shard(m, mesh=mesh)\n"
@@ -87,7 +87,7 @@ def test_shard_range_rules():
 
 
 def test_train_2d_refuses_a_mesh_that_does_not_divide(mpi):
-    code = ("from ddlcourse import dist, dcp\ndist.init(horovod=False)\n"
+    code = ("from ddlcourse import dist, dcp\ndist.init()\n"
             "try:\n    dcp.train_2d(1, dp=3)\nexcept ValueError as e:\n    print('REFUSED', e)\n")
     assert "REFUSED dp=3 must divide the 2 ranks" in mpi(2, code).stdout
 
@@ -111,7 +111,7 @@ def test_shard_range_checker_names_the_mistake(wrong, hint):
 _RESUME_AT = """
 import torch
 from ddlcourse import dist, dcp, integrity
-dist.init(horovod=False); torch.set_num_threads(1)
+dist.init(); torch.set_num_threads(1)
 ckpt = {ckpt!r}
 if {load}:
     res = dcp.train_phase(3, 8, load_from=ckpt)

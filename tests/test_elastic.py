@@ -7,7 +7,7 @@ import torch
 from ddlcourse import elastic
 from ddlcourse.cluster import find_processes
 from ddlcourse.selfcheck import run_checker
-from ddlcourse.exercises import nb25_fault_tolerance as ex
+from ddlcourse.exercises.solutions import fault_tolerance as ex
 
 
 def test_resume_step_takes_the_latest_complete_checkpoint():
@@ -101,7 +101,7 @@ def test_generation_store_gives_each_restart_a_clean_namespace(monkeypatch):
 
 def test_train_loop_refuses_bad_sizes(mpi):
     code = ("from ddlcourse import dist, elastic\nimport tempfile\n"
-            "dist.init(horovod=False)\n"
+            "dist.init()\n"
             "try:\n    elastic.train_loop(tempfile.mkdtemp(), global_batch=63)\n"
             "except ValueError as e:\n    print('REFUSED', e)\n")
     assert "REFUSED global_batch 63" in mpi(2, code).stdout

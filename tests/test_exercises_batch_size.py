@@ -1,5 +1,5 @@
 """The coding exercise of notebook 02 (linear scaling rule with warmup, as a schedule function)."""
-from ddlcourse.exercises import nb02_batch_size as ex
+from ddlcourse.exercises.solutions import batch_size as ex
 from ddlcourse.optim import scaled_lr, warmup_factor
 from ddlcourse.selfcheck import run_checker
 

@@ -7,7 +7,8 @@ import pytest
 CODE = """
 import torch
 import torch.distributed as tdist
-from ddlcourse.exercises import nb05_data_parallel as ex
+from ddlcourse.exercises.checkers.data_parallel import _DDP_EARLY
+from ddlcourse.exercises.solutions import data_parallel as ex
 
 class Greedy(ex.MyDDP):
     \"\"\"Another bucketing rule, also right: close a bucket *before* the parameter that would overflow it.\"\"\"
@@ -45,7 +46,7 @@ class Blocking(ex.MyDDP):
             def wait(self):
                 pass
         self.pending[i] = (Done(), flat)
-reject("my_ddp", Blocking, ex._DDP_EARLY)
+reject("my_ddp", Blocking, _DDP_EARLY)
 """
 
 
@@ -56,7 +57,7 @@ def test_my_ddp_checker_beyond_the_registered_mistakes(on_ranks):
 LAB = """
 import json, numpy as np
 from ddlcourse.cases import maize
-from ddlcourse.exercises.nb05_data_parallel import MyDDP
+from ddlcourse.exercises.solutions.data_parallel import MyDDP
 from ddlcourse import dist
 out = {}
 for name, over, ddp in [("one", dict(backend="ddp", ranks=1), None), ("mine", dict(backend="ddp"), MyDDP)]:
@@ -101,7 +102,7 @@ def test_a_notebook_class_reaches_the_engines(capsys):
     import inspect
 
     from ddlcourse import cluster
-    from ddlcourse.exercises import nb05_data_parallel as ex
+    from ddlcourse.exercises.solutions import data_parallel as ex
     from ddlcourse.selfcheck import check_code, use_checked
 
     template, full = {"__name__": "__main__"}, {"__name__": "__main__"}

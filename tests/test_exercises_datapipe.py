@@ -3,7 +3,8 @@ mistakes; here: other correct solutions are accepted, and the mistakes differ fr
 import numpy as np
 
 from ddlcourse import sharding
-from ddlcourse.exercises import nb27_data_pipeline as ex
+from ddlcourse.exercises.checkers import data_pipeline as ex
+from ddlcourse.exercises.solutions import data_pipeline as sol
 from ddlcourse.selfcheck import run_checker
 
 
@@ -12,7 +13,7 @@ def test_sharded_reader_accepts_the_package_function():
 
 
 def test_each_reader_mistake_differs_from_the_reference_on_the_cases():
-    for wrong, _ in ex._READER_MISTAKES:
+    for wrong in sol.READER_VARIANTS.values():
         assert any(ex._as_lists(wrong(n, gb, r, ws, e, ex._SEED)) != ex._as_lists(
             sharding.sharded_batches(n, gb, r, ws, e, ex._SEED))
             for n, gb, ws in ex._READER_CASES for e in (0, 1) for r in range(ws)), wrong.__name__
@@ -27,7 +28,7 @@ def test_the_sampler_reference_is_the_package_sampler():
     for n, drop_last in ex._SAMPLER_CASES:
         for ws in (2, 3):
             for r in range(ws):
-                _, epochs = ex._sampler_run(ex._SamplerSolution, n, r, ws, drop_last)
+                _, epochs = ex._sampler_run(sol._SamplerSolution, n, r, ws, drop_last)
                 for e, got in zip(ex._SAMPLER_EPOCHS, epochs):
                     order = sharding.epoch_permutation(n, e, ex._SAMPLER_SEED)
                     want = sharding.distributed_sampler_indices(n, r, ws, e, ex._SAMPLER_SEED,

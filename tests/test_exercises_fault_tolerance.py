@@ -2,7 +2,7 @@
 checker itself (the reference passes, each mistake is named)."""
 import random
 
-from ddlcourse.exercises import nb25_fault_tolerance as ft
+from ddlcourse.exercises.checkers import fault_tolerance as ft
 
 
 def _resume_points(attempts):

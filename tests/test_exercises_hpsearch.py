@@ -1,7 +1,7 @@
 """The coding exercises of notebook 28. tests/test_build_it.py checks the references and the registered
 mistakes; here: other correct solutions are accepted, and the cases tell the mistakes apart."""
 from ddlcourse import hpsearch
-from ddlcourse.exercises import nb28_hyperparameter_search as ex
+from ddlcourse.exercises.checkers import hyperparameter_search as ex
 from ddlcourse.selfcheck import run_checker
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddlcourse import optim
-from ddlcourse.exercises import nb12_large_batch as ex
+from ddlcourse.exercises.solutions import large_batch as sol
 from ddlcourse.selfcheck import check, run_checker
 
 
@@ -36,7 +36,7 @@ def test_lamb_step_reference_on_a_hand_case():
     """Step 1: the bias-corrected moments are g and g**2, so Adam's step is g / (|g| + eps), about sign(g)."""
     w = torch.tensor([3.0, 4.0], dtype=torch.float64)
     g = torch.tensor([1.0, -2.0], dtype=torch.float64)
-    for step in (ex.my_lamb_step, ex._lamb_variant()):
+    for step in (sol.my_lamb_step, sol._lamb_variant()):
         p = [w.clone()]
         step(p, [g], {}, lr=0.1, betas=(0.9, 0.999), eps=0.0, weight_decay=0.0)
         ratio = 5 / math.sqrt(2)                          # ||w|| / ||(1, -1)||
@@ -60,7 +60,7 @@ def test_lab3_trains_with_a_lamb_step_written_as_a_function():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3).double()
     by_hand = [p.detach().clone() for p in model.parameters()]
-    opt = _optimizer("lamb", model.parameters(), 0.01, step_fn=ex.my_lamb_step)
+    opt = _optimizer("lamb", model.parameters(), 0.01, step_fn=sol.my_lamb_step)
     assert isinstance(opt, FunctionOptimizer)
     state = {}
     x = torch.randn(8, 4, dtype=torch.float64)
@@ -69,11 +69,11 @@ def test_lab3_trains_with_a_lamb_step_written_as_a_function():
         model(x).square().mean().backward()
         grads = [p.grad.clone() for p in model.parameters()]
         opt.step()
-        ex.my_lamb_step(by_hand, grads, state, 0.01, (0.9, 0.999), 1e-6, 0.0)
+        sol.my_lamb_step(by_hand, grads, state, 0.01, (0.9, 0.999), 1e-6, 0.0)
         for p, q in zip(model.parameters(), by_hand):   # the same parameters after every step
             assert torch.allclose(p, q, rtol=0, atol=1e-12)
-    again = _optimizer("lamb", model.parameters(), 0.01, step_fn=ex.my_lamb_step)
+    again = _optimizer("lamb", model.parameters(), 0.01, step_fn=sol.my_lamb_step)
     again.load_state_dict(opt.state_dict())
     assert again.fn_state[0]["step"] == 3
     with pytest.raises(ValueError, match="optimizer='lamb'"):
-        _optimizer("adam", model.parameters(), 0.01, step_fn=ex.my_lamb_step)
+        _optimizer("adam", model.parameters(), 0.01, step_fn=sol.my_lamb_step)

@@ -2,7 +2,7 @@
 import pytest
 
 from ddlcourse import losses
-from ddlcourse.exercises import nb03_loss_integrity as ex
+from ddlcourse.exercises.solutions import loss_integrity as ex
 from ddlcourse.selfcheck import run_checker
 
 

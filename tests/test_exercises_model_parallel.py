@@ -5,7 +5,7 @@ correct way to write it (a different header) passes, and two more mistakes are n
 
 CODE = """
 import torch
-from ddlcourse.exercises import nb15_model_parallel as ex
+from ddlcourse.exercises.solutions import model_parallel as ex
 def mine(stage, x, y, loss_fn, rank, world, send, recv):     # written here, as a learner would
     if rank == 0:
         inp = x

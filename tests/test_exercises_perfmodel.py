@@ -3,6 +3,7 @@ mistakes; here: other correct solutions are accepted and unknown mistakes are de
 import numpy as np
 
 from ddlcourse import perfmodel as pm
+from ddlcourse.exercises.solutions import perfmodel as ex
 from ddlcourse.selfcheck import run_checker
 
 
@@ -22,6 +23,12 @@ def test_efficiency_accepts_polyfit_and_the_package():
         link = pm.Link(alpha, 1 / beta)
         return [t_compute / (t_compute + pm.ring_allreduce_time(4 * n_params, N, link)) for N in world_sizes]
     assert run_checker("alpha_beta_efficiency", with_pm).ok
+
+
+def test_the_mistakes_are_variants_of_a_right_model():
+    """The checker compares with perfmodel and names a mistake by the variant that gives the learner's answer: without
+    a mistake, that model is right (the checker used to assert this on every check)."""
+    assert run_checker("alpha_beta_efficiency", ex._efficiency_variant()).ok
 
 
 def test_efficiency_unknown_mistake():

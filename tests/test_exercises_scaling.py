@@ -2,7 +2,7 @@
 distributed step timer. tests/test_build_it.py runs every checker on its solution, each typical mistake and
 the notebook's template, on real ranks."""
 from ddlcourse import bench
-from ddlcourse.exercises import nb13_scaling as ex
+from ddlcourse.exercises.checkers import scaling as ex
 from ddlcourse.selfcheck import run_checker
 
 

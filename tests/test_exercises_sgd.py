@@ -2,7 +2,7 @@
 import numpy as np
 
 from ddlcourse import sgd
-from ddlcourse.exercises import nb01_sgd as ex
+from ddlcourse.exercises.solutions import sgd as ex
 from ddlcourse.selfcheck import run_checker
 
 

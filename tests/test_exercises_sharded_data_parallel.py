@@ -3,7 +3,7 @@ mistakes): a ZeRO-1 step that keeps every gradient, and ZeRO-3 layers that keep 
 registered mistakes do not."""
 
 ZERO1 = """
-from ddlcourse.exercises import nb19_sharded_data_parallel as ex
+from ddlcourse.exercises.solutions import sharded_data_parallel as ex
 reject("zero1_step", ex._zero1_variant("no_drop"), "optimizer state")
 """
 
@@ -15,7 +15,7 @@ def test_zero1_step_names_a_kept_gradient(on_ranks):
 SHARDED = """
 import torch
 import torch.distributed as tdist
-from ddlcourse.exercises import nb19_sharded_data_parallel as ex
+from ddlcourse.exercises.solutions import sharded_data_parallel as ex
 
 class Cached(ex.ShardedLinear):                        # keeps the gathered weight on the layer
     def gather(self, shard):

@@ -5,7 +5,7 @@ does a tensor-parallel MLP whose shards are float32, as a learner's `nn.Linear(d
 
 CODE = """
 import torch
-from ddlcourse.exercises import nb20_tensor_sequence_parallel as ex
+from ddlcourse.exercises.solutions import tensor_sequence_parallel as ex
 from ddlcourse.parallel import sequence
 
 class FromThePackage(ex.SPMLP):

@@ -1,8 +1,8 @@
 """Checkers of the coding exercises of the context- and expert-parallel notebooks: accept the reference,
 name the typical mistakes."""
 from ddlcourse import selfcheck
-from ddlcourse.exercises import nb21_context_parallel as cpx
-from ddlcourse.exercises import nb22_expert_parallel as epx
+from ddlcourse.exercises.solutions import context_parallel as cpx
+from ddlcourse.exercises.solutions import expert_parallel as epx
 from ddlcourse.models.transformer import route
 from ddlcourse.parallel.context import online_softmax_update
 

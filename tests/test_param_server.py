@@ -77,7 +77,7 @@ import numpy as np
 from mpi4py import MPI
 from ddlcourse import selfcheck
 from ddlcourse.parallel.param_server import push_pull, GRAD, PARAM
-from ddlcourse.exercises import nb09_parameter_server as ex
+from ddlcourse.exercises.solutions import parameter_server as sol
 
 def mine(comm, grad, params, shards):          # a correct solution with non-blocking sends
     reqs = [comm.Isend(np.ascontiguousarray(grad[a:b]), dest=s, tag=GRAD) for s, (a, b) in enumerate(shards)]
@@ -89,7 +89,7 @@ def mine(comm, grad, params, shards):          # a correct solution with non-blo
 def skeleton(comm, grad, params, shards):
     raise NotImplementedError
 
-v = [selfcheck.run_checker("ps_push_pull", f) for f in (push_pull, mine, ex._push_params, ex._no_pull, skeleton)]
+v = [selfcheck.run_checker("ps_push_pull", f) for f in (push_pull, mine, sol._push_params, sol._no_pull, skeleton)]
 allv = MPI.COMM_WORLD.gather([(x.ok, x.message) for x in v], root=0)
 if MPI.COMM_WORLD.rank == 0:
     print(repr(allv))

@@ -3,7 +3,8 @@ its exercise checker; the bubble formulas; the saved-activation count of GPipe a
 import pytest
 
 from ddlcourse import selfcheck
-from ddlcourse.exercises import nb17_pipeline_schedules as ex
+from ddlcourse.exercises.checkers import pipeline_schedules as ck
+from ddlcourse.exercises.solutions import pipeline_schedules as sol
 from ddlcourse.parallel import pipeline_schedules as S
 from ddlcourse.experiments import pipeline_schedules as S_exp
 
@@ -14,7 +15,7 @@ from ddlcourse import dist
 from ddlcourse.parallel import pipeline_schedules as S
 from ddlcourse.experiments import pipeline_schedules as S_exp
 torch.set_num_threads(1)
-dist.init(horovod=False)
+dist.init()
 n = dist.world_size()
 worst, losses = {}, {}
 for name in NAMES_HERE:
@@ -92,8 +93,8 @@ def test_predicted_bubble():
 
 def test_checker_accepts_reference_and_names_mistakes():
     assert selfcheck.run_checker("interleaved_order", S.interleaved_order).ok
-    for kind, (_, hint) in ex.MISTAKES.items():
-        v = selfcheck.run_checker("interleaved_order", ex.mistake(kind))
+    for kind, hint in ck.ORDER_HINTS.items():
+        v = selfcheck.run_checker("interleaved_order", sol.mistake(kind))
         assert not v.ok and hint in v.message, (kind, v.message)
 
     def unwritten(*a):

@@ -7,7 +7,7 @@ import pytest
 
 from ddlcourse import profiling as P
 from ddlcourse import selfcheck
-from ddlcourse.exercises import nb24_profiling as ex
+from ddlcourse.exercises.solutions import profiling as ex
 
 
 # --------------------------------------------------------------------------- interval arithmetic
@@ -123,7 +123,7 @@ RANKS = r"""
 from ddlcourse import dist, profiling as P
 from ddlcourse.dist import on_first_ranks
 import os, pytest
-info = dist.init(horovod=False)
+info = dist.init()
 kw = dict(dim=16, hidden=64, depth=2, batch=16, steps=2, bucket_cap_mb=0.01)
 serial = on_first_ranks(1, P.profile_step, ddp=False, **kw)
 both = on_first_ranks(2, P.profile_step, trace_dir=os.environ["TRACE_DIR"], **kw)

@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from ddlcourse.exercises import nb09_parameter_server as ex
-from ddlcourse.parallel import param_server as ps
+from ddlcourse.exercises.checkers import parameter_server as ex
 from ddlcourse.experiments import param_server as ps_exp
 
 

@@ -2,7 +2,8 @@
 import pytest
 
 from ddlcourse import layout, selfcheck
-from ddlcourse.exercises import nb30_sizing_a_layout as ex
+from ddlcourse.exercises.checkers import sizing_a_layout as ex
+from ddlcourse.exercises.solutions import sizing_a_layout as sol
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -40,9 +41,9 @@ def test_zero_memory_checker():
         shard = lambda stage: n / replicas if zero >= stage else n   # noqa: E731
         return dict(params=2 * shard(3), grads=2 * shard(2), optimizer=12 * shard(1))
     assert selfcheck.run_checker("zero_memory", correct).ok
-    assert "one thing too many" in selfcheck.run_checker("zero_memory", ex._off_by_one).message
-    assert "master weights" in selfcheck.run_checker("zero_memory", ex._no_master).message
-    assert "stage 1 the optimizer state only" in selfcheck.run_checker("zero_memory", ex._all_at_once).message
+    assert "one thing too many" in selfcheck.run_checker("zero_memory", sol._off_by_one).message
+    assert "master weights" in selfcheck.run_checker("zero_memory", sol._no_master).message
+    assert "stage 1 the optimizer state only" in selfcheck.run_checker("zero_memory", sol._all_at_once).message
 
     def unwritten(*a):
         raise NotImplementedError

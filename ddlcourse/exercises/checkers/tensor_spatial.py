@@ -1,0 +1,58 @@
+"""Checkers of notebooks/18_tensor_spatial.ipynb (the halo exchange is also lab 2's): the reference answer of its
+question, and the checker of the halo exchange the learner writes; the ZeRO and FSDP ones are in
+checkers/sharded_data_parallel."""
+import numpy as np
+
+from ddlcourse import dist
+from ddlcourse.exercises.solutions.tensor_spatial import HALO_VARIANTS
+from ddlcourse.parallel import model_parallel as mp, spatial
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
+
+
+@exercise("halo_rows", "a kernel of size k with dilation d reaches d*(k-1)/2 rows to each side")
+def halo_rows(kernel: int, dilation: int) -> int:
+    return dilation * (kernel - 1) // 2
+
+
+# --------------------------------------------------------------------------- coding exercise: the halo exchange
+_HALO_HINTS = {
+    "wrong_edge": "you sent the wrong edge: the rank above needs your first rows, the rank below your last rows",
+    "periodic": "at the top and bottom of the image the halo is zeros (the serial zero padding), not the rows "
+                "of the rank at the other end",
+    "one_row": "your halo is always one row: send and receive `halo` rows (a 5x5 convolution needs 2)",
+    "swapped": "you put the rows from the rank below on top: the rows of rank - 1 go above your slab, "
+               "those of rank + 1 below it",
+}
+
+
+@code_exercise("halo_exchange", distributed=True, ranks=(2, 3))
+def check_halo_exchange(fn, **_) -> Verdict:
+    """On every rank (rank r holds rows r*R .. (r+1)*R - 1 of an image, dim 2 of ``(N, C, H, W)``):
+    ``fn(x, halo, rank, world, send, recv) -> tensor`` pads the local slab with ``halo`` rows of each neighbour
+    (zeros at the image's top and bottom). ``send(t, dst)`` does not block; ``recv(src)`` returns what ``src``
+    sent. Against ``spatial.halo_exchange`` (the forward), for halos of 1 and 2 rows."""
+    import torch
+
+    info = dist.init()
+    r, p = dist.rank(), dist.world_size()
+    g = torch.Generator().manual_seed(11)
+    image = torch.randn(2, 3, 4 * p, 5, generator=g, dtype=torch.float64)   # (N, C, H, W), the same on all ranks
+    x = image[:, :, 4 * r:4 * (r + 1)].contiguous().to(info.device)           # this rank's slab of rows
+
+    def run(f):
+        outs = []
+        for halo in (1, 2):
+            snd = mp.Sender()
+            out = f(x.clone(), halo, r, p, lambda t, dst: snd.send(t, dst), lambda src: mp.recv_tensor(src, device=info.device))
+            snd.wait_all()
+            outs.append(np.asarray(torch.as_tensor(out).detach().cpu(), dtype=float).reshape(-1))
+        return np.concatenate(outs)
+
+    with torch.no_grad():
+        ref = np.concatenate([np.asarray(spatial.halo_exchange(x, h, 2).cpu(), dtype=float).reshape(-1)
+                              for h in (1, 2)])
+    # every rank runs every variant (they communicate); with 2 ranks the wrap-around sends two messages to the
+    # one neighbour, which arrive in order, so the periodic variant's result is deterministic there too
+    mistakes = {h: run(HALO_VARIANTS[k]) for k, h in _HALO_HINTS.items()}
+    v = diagnose(run(fn), ref, mistakes, rtol=1e-12, atol=1e-12, what=f"rank {r}'s padded slab")
+    return agreed(v)          # a mistake at the image's edges leaves the middle ranks right: say it on all
