@@ -1,34 +1,61 @@
-"""Command line of the course:  python -m ddlcourse <command>
+"""The course's one command line:  python -m ddlcourse <command> [arguments]
 
-  info                         versions of everything the course runs on
-  check [--ids] [--require-cuda] [--expect-ranks N]
-                               allreduce three ways, and with CPU and CUDA tensors; --ids: where each rank
-                               runs (run it under: mpiexec -n 2 python -m ddlcourse check)
-  clusters list|stop-all       course clusters recorded as running; stop them all
-  run CASE [--scale S] [--backend B] [--fresh] [key=value ...]
-                               train a case study (run under mpiexec -n N or srun); run CASE --help
-                               lists its settings with their values at --scale
-  plan [--scale S] [--measure] memory budget of every notebook and lab at a scale profile (per GPU and
-                               per node); exit status 1 when something does not fit
+Every tool of the course is a command here (``python -m ddlcourse --help`` lists them, ``python -m ddlcourse
+COMMAND --help`` explains one). Commands that run on ranks start under ``mpiexec -n N`` or ``srun``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from ddlcourse import versions
 
-# Each command imports its own module, when it runs: `plan` alone pulls in torch.distributed.pipelining and
-# every model of the course, about 2.5 CPU-s that every other command would pay, on each rank of `check` and `run`.
+# name -> (one line of help, where it lives: a function here, or "module:function" taking argv, and the words
+# put before the user's argv). Each command imports its module only when it runs: `plan` alone pulls in
+# torch.distributed.pipelining and every model of the course, about 2.5 CPU-s that every other command would
+# pay, on each rank of `check` and `run`.
+COMMANDS: dict[str, tuple[str, object, tuple]] = {}
+GROUPS = (
+    ("the course", ("info", "check", "run", "check-exercise")),
+    ("clusters and sites", ("clusters", "plan", "srun-mpi", "engines", "build", "device-use")),
+    ("measurements", ("synthetic-bench", "bench-ddp", "profile", "bench-simp")),
+)
 
 
-def _cmd_info(args) -> int:
+def command(name: str, help_: str, target="", before: tuple = ()):
+    """Register a command: ``target`` is ``"module:function"`` (called with the argv), or, as a decorator, the
+    function below (called with the argv too)."""
+    def deco(fn):
+        COMMANDS[name] = (help_, fn, before)
+        return fn
+    if target:
+        COMMANDS[name] = (help_, target, before)
+        return None
+    return deco
+
+
+def _parser(name: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"python -m ddlcourse {name}", description=description)
+
+
+@command("info", "versions of everything the course runs on")
+def _cmd_info(argv) -> int:
+    _parser("info", "Versions of everything the course runs on.").parse_args(argv)
     for k, v in versions().items():
         print(f"{k:<12} {v if v is not None else 'MISSING'}")
     return 0
 
 
-def _cmd_check(args) -> int:
+@command("check", "allreduce three ways (mpi4py, torch.distributed, Horovod) on every rank; --ids: where each runs")
+def _cmd_check(argv) -> int:
+    c = _parser("check", "The allreduce three ways, and with CPU and CUDA tensors, on every rank; run it under "
+                "mpiexec -n 2 (or srun). --ids: only where each rank runs.")
+    c.add_argument("--length", type=int, default=4)
+    c.add_argument("--ids", action="store_true", help="only show and check where each rank runs (host, local rank, GPU)")
+    c.add_argument("--expect-ranks", type=int, default=None, help="fail unless the MPI world has this many ranks")
+    c.add_argument("--require-cuda", action="store_true", help="fail when a rank has no GPU (a GPU allocation)")
+    args = c.parse_args(argv)
     from mpi4py import MPI      # lazy: importing it starts MPI, which only this command needs
 
     from ddlcourse import checks, dist
@@ -85,7 +112,12 @@ def _cmd_check(args) -> int:
     return 0 if ok else 1
 
 
-def _cmd_clusters(args) -> int:
+@command("clusters", "course clusters recorded as running (list), or stop them all (stop-all [--orphans])")
+def _cmd_clusters(argv) -> int:
+    cl = _parser("clusters", "Course clusters recorded as running; stop them all.")
+    cl.add_argument("action", choices=["list", "stop-all"])
+    cl.add_argument("--orphans", action="store_true", help="only clusters whose starting process is gone")
+    args = cl.parse_args(argv)
     from ddlcourse.cluster import processes
     if args.action == "list":
         rows = processes.recorded_clusters()
@@ -101,45 +133,65 @@ def _cmd_clusters(args) -> int:
     return 0
 
 
-def _cmd_plan(args) -> int:
-    from ddlcourse import plan
-    return plan.main_measure(args.scale) if args.measure else plan.main(args.scale)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddlcourse", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions")
-    c = sub.add_parser("check", help="allreduce three ways (under mpiexec)")
-    c.add_argument("--length", type=int, default=4)
-    c.add_argument("--ids", action="store_true", help="only show and check where each rank runs (host, local rank, GPU)")
-    c.add_argument("--expect-ranks", type=int, default=None, help="fail unless the MPI world has this many ranks")
-    c.add_argument("--require-cuda", action="store_true", help="fail when a rank has no GPU (a GPU allocation)")
-    cl = sub.add_parser("clusters", help="list or stop course clusters")
-    cl.add_argument("action", choices=["list", "stop-all"])
-    cl.add_argument("--orphans", action="store_true", help="only clusters whose starting process is gone")
-    pl = sub.add_parser("plan", help="memory budget per GPU and per node of every section")
+@command("plan", "memory (per GPU and node) and disk of every notebook and lab at a scale; exit 1 if one does not fit")
+def _cmd_plan(argv) -> int:
+    pl = _parser("plan", "Memory budget per GPU and per node of every notebook and lab at a scale profile.")
     pl.add_argument("--scale", default="cluster", help="smoke | laptop | cluster (default: cluster)")
     pl.add_argument("--measure", action="store_true",
                     help="on a GPU: run each workload once and compare the allocator's peak with the estimate")
-    # listed for the overview only: `run` has its own parser (ddlcourse.training.cli), reached below
-    sub.add_parser("run", help="train a case study (run CASE --help: its settings)", add_help=False)
+    args = pl.parse_args(argv)
+    from ddlcourse.tools import plan
+    return plan.main_measure(args.scale) if args.measure else plan.main(args.scale)
+
+
+command("run", "train a case study under mpiexec or srun (run CASE --help: its settings)",
+        "ddlcourse.training.cli:main")
+command("check-exercise", "check your solution of an exercise, written in a file (check-exercise NAME FILE)",
+        "ddlcourse.exercises.terminal:main")
+command("srun-mpi", "the srun --mpi plugin for the MPI mpi4py was built with (--explain: why)",
+        "ddlcourse.checks:main", ("srun-mpi",))
+command("engines", "engines the notebooks start at a scale; warns when an allocation is too small",
+        "ddlcourse.checks:main", ("engines",))
+command("build", "torch / CUDA / NCCL / Horovod build on this host (--require-gpu)", "ddlcourse.checks:main", ("build",))
+command("device-use", "run `python -m ddlcourse ARGS...`, then print each rank's peak CUDA memory",
+        "ddlcourse.checks:main", ("device-use",))
+command("synthetic-bench", "images/s of a synthetic benchmark per rank and in all (notebook 13; under mpiexec)",
+        "ddlcourse.synthetic_bench:main")
+command("bench-ddp", "DDP (gloo), DDP with the MPI hook and Horovod timed side by side (under mpiexec, 2+ ranks)",
+        "ddlcourse.tools.bench_ddp:main")
+command("profile", "profile a DDP step on every rank (profile step), or write a Horovod timeline (notebook 24)",
+        "ddlcourse.profiling:main")
+command("bench-simp", "the topology solver's two linear solvers timed on one 3-D problem (lab 3)",
+        "ddlcourse.tools.bench_simp:main")
+
+
+def usage() -> str:
+    lines = [__doc__.strip(), ""]
+    width = max(map(len, COMMANDS))
+    for title, names in GROUPS:
+        lines.append(f"{title}:")
+        lines += [f"  {n:<{width}}  {COMMANDS[n][0]}" for n in names]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["run"]:
-        from ddlcourse.training import cli as run_cli
-        return run_cli.main(argv[1:])
-    args = p.parse_args(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"python -m ddlcourse: error: unknown command {name!r}; the commands are: {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    _, target, before = COMMANDS[name]
+    if isinstance(target, str):
+        module, func = target.split(":")
+        target = getattr(importlib.import_module(module), func)
     try:
-        if args.cmd == "info":
-            return _cmd_info(args)
-        if args.cmd == "check":
-            return _cmd_check(args)
-        if args.cmd == "clusters":
-            return _cmd_clusters(args)
-        return _cmd_plan(args)
+        return target([*before, *rest])
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, not a traceback
-        print(f"python -m ddlcourse: error: {e}", file=sys.stderr)
+        print(f"python -m ddlcourse {name}: error: {e}", file=sys.stderr)
         return 2
 
 

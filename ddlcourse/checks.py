@@ -4,7 +4,7 @@
   allreduces that depend on where the tensor lives (:func:`device_allreduces`): a CPU tensor through the
   default torch.distributed group, and on CUDA ranks a CUDA tensor through torch.distributed and Horovod.
 * ``python -m ddlcourse check --ids``: where each rank runs (:func:`placement`, :func:`placement_problems`).
-* The Slurm templates and ``env/gpu_smoke.sh`` (``python -m ddlcourse.checks ...``): the ``srun --mpi``
+* The Slurm templates and ``env/gpu_smoke.sh`` (``python -m ddlcourse srun-mpi|engines|build|device-use``): the ``srun --mpi``
   plugin that matches the MPI mpi4py was built with (:func:`srun_mpi_plugin`), how many engines the
   notebooks start at a scale (:func:`engines_needed`), the CUDA/NCCL build (:func:`build_report`).
 """
@@ -25,7 +25,7 @@ import torch.distributed as tdist
 
 from ddlcourse import config, dist
 # srun's --mpi plugin is worked out where launch commands are built; the Slurm templates ask for it here
-# (python -m ddlcourse.checks srun-mpi), tests and env/ scripts as checks.srun_mpi_plugin.
+# (python -m ddlcourse srun-mpi), tests and env/ scripts as checks.srun_mpi_plugin.
 from ddlcourse.cluster.launch import mpi_library_version, pmi_plugin_for, srun_mpi_plugin  # noqa: F401
 
 SKIP_NO_CUDA = "skipped (no CUDA)"
@@ -48,7 +48,7 @@ def allreduce_three_ways(length: int = 4) -> dict:
     """
     from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
-    info = dist.init()
+    info = dist.init(horovod=True)
     x = rank_vector(info.rank, length)
 
     out_mpi = np.empty_like(x)
@@ -468,8 +468,8 @@ def device_use(argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------------- command line
 def main(argv=None) -> int:
-    """``python -m ddlcourse.checks srun-mpi|engines|build|device-use`` (env/slurm/ and env/gpu_smoke.sh)."""
-    p = argparse.ArgumentParser(prog="python -m ddlcourse.checks", description=main.__doc__)
+    """``python -m ddlcourse srun-mpi|engines|build|device-use`` (env/slurm/ and env/gpu_smoke.sh)."""
+    p = argparse.ArgumentParser(prog="python -m ddlcourse", description=main.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("srun-mpi", help="the srun --mpi plugin for the MPI mpi4py was built with")
     s.add_argument("--explain", action="store_true", help="also say why (on stderr)")
@@ -506,7 +506,3 @@ def main(argv=None) -> int:
     for line in problems:
         print(f"PROBLEM: {line}")
     return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

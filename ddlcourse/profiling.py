@@ -16,7 +16,7 @@ backward's compute as ``autograd::engine::evaluate_function: ...`` events. From 
 * :func:`plot_step` -- the step of every rank with the course's timeline plot (``plots_timeline``).
 
 Horovod writes its own timeline when ``HOROVOD_TIMELINE`` is set before ``hvd.init()``: a fresh MPI job,
-``python -m ddlcourse.profiling horovod-timeline FILE`` (:func:`run_horovod_timeline` starts it), and
+``python -m ddlcourse profile horovod-timeline FILE`` (:func:`run_horovod_timeline` starts it), and
 :func:`horovod_phases` reads it. :func:`compare_compile` runs the same DDP model eager and under
 ``torch.compile`` and compares losses, gradients and step times.
 """
@@ -304,7 +304,7 @@ def horovod_timeline_job(path: str, dim: int, hidden: int, depth: int, batch: in
 
 def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, depth: int = 3, batch: int = 64,
                          steps: int = 3, timeout: float = 240.0) -> Path:
-    """Start ``python -m ddlcourse.profiling horovod-timeline path`` on ``n`` ranks and wait for it.
+    """Start ``python -m ddlcourse profile horovod-timeline path`` on ``n`` ranks and wait for it.
 
     Launched as the course's clusters are (:func:`ddlcourse.cluster.launch.launch_command`): ``srun --overlap`` inside
     a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
@@ -319,7 +319,7 @@ def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, dep
         path.unlink()
     _, launcher, launcher_args = launch_command(n)
     cmd = [*launcher, "-n", str(n), *launcher_args,
-           sys.executable, "-m", "ddlcourse.profiling", "horovod-timeline", str(path), "--dim", str(dim),
+           sys.executable, "-m", "ddlcourse", "profile", "horovod-timeline", str(path), "--dim", str(dim),
            "--hidden", str(hidden), "--depth", str(depth), "--batch", str(batch), "--steps", str(steps)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_LOCALRANKID"))}
     p = run_job(cmd, env=env, timeout=timeout, what="the Horovod timeline job")
@@ -407,7 +407,7 @@ def compare_compile(dim: int, hidden: int, depth: int, batch: int, steps: int = 
 
 # =========================================================================== command line
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddlcourse.profiling",
+    p = argparse.ArgumentParser(prog="python -m ddlcourse profile",
                                 description="Profiling helpers of notebook 24 (profiling a data-parallel step).")
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("horovod-timeline", help="train a few Horovod steps with HOROVOD_TIMELINE=FILE (under mpiexec)")
@@ -428,7 +428,7 @@ def main(argv=None) -> int:
 
 def step_job(dim: int, hidden: int, depth: int, batch: int, steps: int) -> int:
     """One rank: :func:`profile_step`, then one line of what it read. Exit 1 when a phase is missing."""
-    info = dist.init(horovod=False)
+    info = dist.init()
     try:
         res = profile_step(dim, hidden, depth, batch, steps=steps, device=info.device)
     finally:
@@ -441,7 +441,3 @@ def step_job(dim: int, hidden: int, depth: int, batch: int, steps: int) -> int:
           + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in ph.items()) + f"; exposed {1e3 * res['exposed']:.3f} ms"
           + (f"; PROBLEM: no time in {', '.join(missing)}" if missing else ""), flush=True)
     return 1 if missing or len(res["steps"]) != steps else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

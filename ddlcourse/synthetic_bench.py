@@ -5,8 +5,8 @@ hardware are measured (no data loading). It reports images per second per rank a
 
 From the command line, on 1, 2, ... ranks::
 
-    mpiexec -n 2 python -m ddlcourse.synthetic_bench --model smallcnn --batch-size 32 --backend ddp
-    srun -n 8 python -m ddlcourse.synthetic_bench --model resnet --image-size 224 --backend horovod
+    mpiexec -n 2 python -m ddlcourse synthetic-bench --model smallcnn --batch-size 32 --backend ddp
+    srun -n 8 python -m ddlcourse synthetic-bench --model resnet --image-size 224 --backend horovod
 
 From a notebook, on every engine: ``c.run(synthetic_bench.run, model="smallcnn", batch_size=32)``;
 ``group=`` runs it on a subgroup (``dist.subgroup(k)``) to get 1-, 2-, 4-rank points from one cluster.
@@ -168,7 +168,8 @@ def summarize(results: list) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Synthetic-data throughput benchmark (images/s per rank and total)")
+    p = argparse.ArgumentParser(prog="python -m ddlcourse synthetic-bench",
+                                description="Synthetic-data throughput benchmark (images/s per rank and total)")
     p.add_argument("--model", default="smallcnn", choices=MODELS)
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--image-size", type=int, default=32)
@@ -193,10 +194,6 @@ def main(argv=None) -> int:
         print(f"Total img/sec on {s['world_size']} rank(s): {s['img_sec_total']:.1f}")
     dist.shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 # --------------------------------------------------------------------------- laws and the step breakdown (notebook 13)
@@ -229,7 +226,7 @@ def step_breakdown(n_ranks: int, batch_size: int = 16, image_size: int = 32, wid
     idle (waiting at a barrier for the slowest rank) and communication (the gradient allreduce).
     Runs on every rank; None on the ranks left out."""
 
-    info = dist.init(horovod=False)
+    info = dist.init()
     comm, group = dist.subgroup(n_ranks)
     if comm is None:
         return None

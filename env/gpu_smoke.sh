@@ -127,7 +127,7 @@ SRUN_MPI_WHY="set by DDLCOURSE_SRUN_MPI"
 if [ -z "$SRUN_MPI" ]; then
   # one Python start for both: the plugin on stdout, why on stderr (a file, so neither stream is lost)
   WHY_FILE=$(mktemp)
-  SRUN_MPI=$("$PY" -m ddlcourse.checks srun-mpi --explain 2>"$WHY_FILE") || SRUN_MPI=""
+  SRUN_MPI=$("$PY" -m ddlcourse srun-mpi --explain 2>"$WHY_FILE") || SRUN_MPI=""
   SRUN_MPI_WHY=$(cat "$WHY_FILE"); SRUN_MPI_WHY=${SRUN_MPI_WHY#*: }; rm -f "$WHY_FILE"
   if [ -z "$SRUN_MPI" ]; then SRUN_MPI=pmi2 SRUN_MPI_WHY="could not ask mpi4py which MPI it uses; pmi2 assumed"; fi
 fi
@@ -212,7 +212,7 @@ check_build() {   # every node: torch sees the GPUs, torch has NCCL, Horovod was
   need_gpu build || return 0
   local on_nodes=(srun --ntasks="$NNODES" --ntasks-per-node=1 --gpu-bind=none)
   [ "$IN_SLURM" = 0 ] && on_nodes=()            # --local: this host
-  run_logged build "$TIMEOUT" "${on_nodes[@]}" "$PY" -m ddlcourse.checks build --require-gpu
+  run_logged build "$TIMEOUT" "${on_nodes[@]}" "$PY" -m ddlcourse build --require-gpu
   if [ "$RC" = 0 ]; then report build PASS "$(logline build '^host ' | cut -d: -f2-) $(logline build 'GPU\(s\)')" "$SECS"
   else
     local why; why=$(grep '^PROBLEM: ' "$LOGDIR/build.log" | sed 's/^PROBLEM: //' | sort -u | paste -sd ';' | sed 's/;/; /g')
@@ -255,7 +255,7 @@ check_check() {   # allreduce: mpi4py, torch.distributed, Horovod; CPU tensor on
 
 check_profile() { # notebook 24's profile of a DDP step: each phase read once per step; on GPUs from the device's kernels
   launch "$LAUNCHER"
-  run_logged profile "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse.profiling step --steps 3
+  run_logged profile "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse profile step --steps 3
   local lines on_gpu; lines=$(grep -c '^profile: rank ' "$LOGDIR/profile.log"); on_gpu=$(grep -c '^profile: rank .* on cuda' "$LOGDIR/profile.log")
   if [ "$RC" != 0 ]; then
     local why; why=$(grep -m1 -oE 'PROBLEM: .*|expected [0-9]+ profiled steps.*' "$LOGDIR/profile.log" | cut -c1-200)
@@ -280,7 +280,7 @@ check_lab() {     # check_lab CASE BACKEND: the lab's CLI at smoke scale; on GPU
   local case=$1 backend=$2 id=lab.$1.$2 results=$LOGDIR/results/$2
   launch "$LAUNCHER"
   run_logged "$id" "$TIMEOUT" env DDLCOURSE_RESULTS="$results" DDLCOURSE_SCALE=smoke "${L[@]}" \
-      "$PY" -m ddlcourse.checks device-use run "$case" --scale smoke --backend "$backend"
+      "$PY" -m ddlcourse device-use run "$case" --scale smoke --backend "$backend"
   local written; written=$(ls "$results/$case"/result*.json 2>/dev/null | head -1)
   local used; used=$(grep -c '^device-use: .* cuda:[0-9]* peak [1-9]' "$LOGDIR/$id.log")
   if [ "$RC" != 0 ]; then report "$id" FAIL "$(last_error "$id")" "$SECS"
@@ -296,7 +296,7 @@ check_lab() {     # check_lab CASE BACKEND: the lab's CLI at smoke scale; on GPU
 check_bench() {   # the synthetic benchmark; the figure is printed, never judged
   local backend=$1 id=bench.$1
   launch "$LAUNCHER"
-  run_logged "$id" "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse.synthetic_bench --model smallcnn \
+  run_logged "$id" "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse synthetic-bench --model smallcnn \
       --batch-size 32 --backend "$backend" --num-warmup-batches 2 --num-batches-per-iter 3 --num-iters 3
   local total model; total=$(logline "$id" '^Total img/sec'); model=$(logline "$id" '^Model:')
   if [ "$RC" != 0 ] || [ -z "$total" ]; then report "$id" FAIL "$(last_error "$id")" "$SECS"
@@ -306,7 +306,7 @@ check_bench() {   # the synthetic benchmark; the figure is printed, never judged
 
 check_nbval() {   # every notebook at smoke scale inside this allocation (engines via srun on GPU nodes)
   if [ "$IN_SLURM" = 1 ] || [ "$DRY" = 0 ]; then
-    local need; need=$("$PY" -m ddlcourse.checks engines --scale smoke 2>/dev/null || echo 0)
+    local need; need=$("$PY" -m ddlcourse engines --scale smoke 2>/dev/null || echo 0)
     if [ "$need" -gt "$NTASKS" ] && [ "$IN_SLURM" = 1 ]; then
       report nbval FAIL "the notebooks start up to $need engines at smoke scale; this allocation has $NTASKS task(s)"; return 0
     elif [ "$need" -gt "$NTASKS" ]; then
@@ -335,7 +335,7 @@ def probe():
     import socket
     import torch
     from ddlcourse import dist
-    info = dist.init(horovod=False)
+    info = dist.init()
     x = torch.ones(1 << 20, device=info.device)            # 4 MiB on the rank's device
     dev = torch.device(info.device)
     out = dict(rank=info.rank, host=socket.gethostname(), local_rank=info.local_rank, device=str(dev),
@@ -382,9 +382,9 @@ PYEOF
   else report engines FAIL "$(last_error engines)" "$SECS"; fi
 }
 
-check_bench_ddp() {   # python -m ddlcourse.bench_ddp: DDP (gloo), DDP + MPI hook, Horovod side by side; timed, never judged
+check_bench_ddp() {   # python -m ddlcourse bench-ddp: DDP (gloo), DDP + MPI hook, Horovod side by side; timed, never judged
   launch "$LAUNCHER"
-  run_logged bench_ddp "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse.bench_ddp --steps 3 --reps 2
+  run_logged bench_ddp "$TIMEOUT" "${L[@]}" "$PY" -m ddlcourse bench-ddp --steps 3 --reps 2
   if [ "$RC" = 0 ]; then report bench_ddp PASS "$NTASKS ranks via $LAUNCHER: $(grep -v '^# ' "$LOGDIR/bench_ddp.log" | grep -v '^ *$' | tail -1 | cut -c1-160)" "$SECS"
   else report bench_ddp FAIL "$(last_error bench_ddp)" "$SECS"; fi
 }
@@ -410,7 +410,7 @@ check_sbatch() {
 
 check_nbval_cluster() {   # every notebook and lab at cluster scale: the sizes plan.py promises fit these GPUs
   need_gpu nbval_cluster || return 0
-  local need; need=$("$PY" -m ddlcourse.checks engines --scale cluster 2>/dev/null || echo 0)
+  local need; need=$("$PY" -m ddlcourse engines --scale cluster 2>/dev/null || echo 0)
   if [ "$need" -gt "$NTASKS" ]; then
     report nbval_cluster SKIP "the notebooks start up to $need engines at cluster scale; this allocation has $NTASKS task(s) (run it in the 2-node allocation)"; return 0
   fi

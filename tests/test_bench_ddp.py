@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from ddlcourse import bench_ddp
+from ddlcourse.tools import bench_ddp
 from ddlcourse.parallel import mpi_hook
 
 
@@ -67,7 +67,7 @@ def test_unknown_model():
 
 @pytest.mark.mpi
 def test_benchmark_runs_on_two_ranks(mpi):
-    code = "import sys; from ddlcourse import bench_ddp; sys.exit(bench_ddp.main(['--steps', '1', '--reps', '2', " \
+    code = "import sys; from ddlcourse.tools import bench_ddp; sys.exit(bench_ddp.main(['--steps', '1', '--reps', '2', " \
            "'--batch', '4', '--ring-mib', '0.0625']))"
     out = mpi(2, code).stdout
     for model in bench_ddp.MODELS:

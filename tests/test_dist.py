@@ -64,7 +64,7 @@ def test_subgroup_runs_smaller_worlds_inside_one_cluster(mpi):
     code = (
         "from ddlcourse import dist\n"
         "import torch, torch.distributed as t\n"
-        "info = dist.init(horovod=False)\n"
+        "info = dist.init()\n"
         "out = []\n"
         "for k in (1, 2, 3):\n"
         "    comm, g = dist.subgroup(k)\n"
@@ -83,7 +83,7 @@ def test_subgroup_runs_smaller_worlds_inside_one_cluster(mpi):
 def test_horovod_can_be_added_after_a_torch_only_init(mpi):
     code = (
         "from ddlcourse import dist\n"
-        "a = dist.init(horovod=False); assert not a.horovod\n"
+        "a = dist.init(); assert not a.horovod\n"
         "b = dist.init(horovod=True); assert b.horovod and b.rank == a.rank\n"
         "import horovod.torch as hvd, torch\n"
         "s = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
@@ -130,7 +130,7 @@ def _init_alone(env_extra: dict) -> subprocess.CompletedProcess:
     env.update(env_extra)
     code = ("from ddlcourse import dist\n"
             "try:\n"
-            "    info = dist.init(horovod=False)\n"
+            "    info = dist.init()\n"
             "    print('device', info.device, info.world_size)\n"
             "    dist.shutdown()\n"
             "except dist.LaunchError as e:\n"
@@ -184,7 +184,7 @@ def test_the_store_port_is_the_one_rank0_listens_on(mpi):
     code = (
         "from ddlcourse import dist\n"
         "from mpi4py import MPI\n"
-        "info = dist.init(horovod=False)\n"
+        "info = dist.init()\n"
         "addr, port = dist.rendezvous()\n"
         "seen = MPI.COMM_WORLD.gather((addr, port), root=0)\n"
         "dist.shutdown()\n"

@@ -219,7 +219,7 @@ def test_srun_mpi_plugin_of_this_venv(monkeypatch):
     """The venv's mpi4py runs on the mpich wheel: pmi2, asked without initialising MPI in this process."""
     monkeypatch.delenv("DDLCOURSE_SRUN_MPI", raising=False)
     assert "MPICH" in checks.mpi_library_version()
-    p = subprocess.run([sys.executable, "-m", "ddlcourse.checks", "srun-mpi", "--explain"], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "ddlcourse", "srun-mpi", "--explain"], capture_output=True,
                        text=True, env=_env(), cwd=ROOT)
     assert p.returncode == 0 and p.stdout.strip() == "pmi2" and "MPICH" in p.stderr
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from ddlcourse import config, memory, plan
+from ddlcourse import config, memory
+from ddlcourse.tools import plan
 from ddlcourse.__main__ import main as cli
 
 OPTIMIZER_FOR_MEASURE = {"adam": "adam", "adamw": "adam", "momentum": "momentum", "sgd": "sgd", "none": "sgd"}

@@ -3,7 +3,8 @@ Horovod's), other CUDA contexts (notebook kernel, a second cluster, a job beside
 (notebook 24's compiled model, notebook 22's traffic measurement). Each test fails on the planner that left them out."""
 import pytest
 
-from ddlcourse import config, plan
+from ddlcourse import config
+from ddlcourse.tools import plan
 
 
 def test_communicators_are_counted_per_subgroup():

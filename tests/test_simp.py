@@ -124,7 +124,7 @@ def test_density_filter_mbb():
 # --------------------------------------------------------------------------- 3D and the reference
 def test_3d_cross_check_against_pytopo3d():
     pytest.importorskip("pytopo3d")
-    from ddlcourse.physics import bench_simp
+    from ddlcourse.tools import bench_simp
     r = bench_simp.compare(n=6, volfrac=0.3, maxloop=60)
     assert r["rel_diff"] < 0.01, r
     assert r["max_density_diff"] < 1e-3, r

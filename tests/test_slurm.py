@@ -72,7 +72,7 @@ def test_every_template_takes_the_pmi_plugin_from_one_variable():
     """DDLCOURSE_SRUN_MPI overrides; unset, each template asks ddlcourse.checks (never a hard-coded default)."""
     for name in ("lab.sbatch", "engines.sbatch", "jupyter.sbatch"):
         text = (SLURM_DIR / name).read_text()
-        assert 'SRUN_MPI=${DDLCOURSE_SRUN_MPI:-$("$PY" -m ddlcourse.checks srun-mpi --explain)}' in text, name
+        assert 'SRUN_MPI=${DDLCOURSE_SRUN_MPI:-$("$PY" -m ddlcourse srun-mpi --explain)}' in text, name
         assert "export DDLCOURSE_SRUN_MPI=$SRUN_MPI" in text, name
         assert "DDLCOURSE_SRUN_MPI:-pmi2" not in text, name
 

@@ -42,7 +42,7 @@ sb.main(["--model", "smallcnn", "--batch-size", "4", "--image-size", "16", "--wi
 FN = r"""
 from mpi4py import MPI
 from ddlcourse import dist, synthetic_bench as sb
-dist.init(horovod=False)
+dist.init()
 one = sb.run(model="mlp", batch_size=4, image_size=8, width=2, num_iters=1, batches_per_iter=1, n_ranks=1)
 two = sb.run(model="resnet", batch_size=2, image_size=8, width=2, num_iters=1, batches_per_iter=1)
 res = MPI.COMM_WORLD.gather((one, two), root=0)

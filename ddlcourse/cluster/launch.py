@@ -2,7 +2,7 @@
 
 :class:`ddlcourse.cluster.MPICluster` starts its engines with :func:`launch_command`; so does any other MPI job
 the course starts from a notebook's kernel (:func:`ddlcourse.profiling.run_horovod_timeline`). The Slurm
-templates ask :func:`srun_mpi_plugin` (through ``python -m ddlcourse.checks srun-mpi``) which ``srun --mpi``
+templates ask :func:`srun_mpi_plugin` (through ``python -m ddlcourse srun-mpi``) which ``srun --mpi``
 plugin starts ranks of mpi4py's MPI as one world.
 """
 from __future__ import annotations

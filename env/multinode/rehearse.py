@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         print(f"[rehearsal] two nodes and Slurm up in {nodes.up():.1f} s ({state})", flush=True)
-        srun_mpi = subprocess.run([PY, "-m", "ddlcourse.checks", "srun-mpi"], capture_output=True, text=True,
+        srun_mpi = subprocess.run([PY, "-m", "ddlcourse", "srun-mpi"], capture_output=True, text=True,
                                   cwd=ROOT).stdout.strip() or "pmi2"
         env = nodes.env(DDLCOURSE_PYTHON=PY, DDLCOURSE_SCALE=args.scale, DDLCOURSE_SRUN_MPI=srun_mpi,
                         DDLCOURSE_CPU_BIND="none", DDLCOURSE_TEST_RUN=run_id, DDLCOURSE_RUNTIME_DIR=str(runtime),

@@ -2,7 +2,7 @@
 
 Run it on 2 ranks (any N >= 2 works)::
 
-    mpiexec -n 2 -bind-to none -genv OMP_NUM_THREADS 1 python -m ddlcourse.bench_ddp [--model cnn|mlp|both] [--reps N] [--lab1]
+    mpiexec -n 2 -bind-to none -genv OMP_NUM_THREADS 1 python -m ddlcourse bench-ddp [--model cnn|mlp|both] [--reps N] [--lab1]
 
 For each model -- ``cnn``, the synthetic-benchmark CNN as notebooks 08 and 13 time it
 (``synthetic_bench.run("smallcnn", batch_size=32, image_size=32, width=16)``), and ``mlp``, a 1.2 M-parameter
@@ -95,7 +95,7 @@ def make_ways(model: str, batch: int, device):
                 net, device_ids=[device.index] if device.type == "cuda" else None)
             hook = HOOK_WAYS.get(way, "default")
             if hook != "default" and not register_mpi_hook(net, hook_mode=hook):
-                raise RuntimeError("the MPI hook could not be registered (see mpi_hook.mpi_usable())")
+                raise RuntimeError("the MPI hook could not be registered (see ddlcourse.grid.mpi_usable())")
         elif way == "Horovod":
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
             opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters(), op=hvd.Average)
@@ -224,7 +224,7 @@ def lab1_strong(reps: int = 1, scale: str = "laptop", epochs: int = 1) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddlcourse bench-ddp", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="both", choices=(*MODELS, "both"))
     p.add_argument("--batch", type=int, default=None,
                    help="samples per rank per step (default: " + ", ".join(f"{m} {b}" for m, b in BATCH.items()) + ")")
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     dist.init(horovod=True)
     comm = MPI.COMM_WORLD
     if comm.Get_size() < 2:
-        raise SystemExit("run it on at least 2 ranks: mpiexec -n 2 python -m ddlcourse.bench_ddp")
+        raise SystemExit("run it on at least 2 ranks: mpiexec -n 2 python -m ddlcourse bench-ddp")
     for model in (MODELS if a.model == "both" else (a.model,)):
         res = time_ways(model, a.batch, a.steps, a.reps)
         if comm.Get_rank() == 0:
@@ -261,7 +261,3 @@ def main(argv=None) -> int:
     mpi_hook.free_comms()
     dist.shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Speed and agreement of ``ddlcourse.physics.simp`` against the reference ``pytopo3d`` on one 3D problem.
 
-    python -m ddlcourse.physics.bench_simp [--n 12] [--volfrac 0.3] [--maxloop 200]
+    python -m ddlcourse bench-simp [--n 12] [--volfrac 0.3] [--maxloop 200]
 
 Both solve top3d's default cantilever on an n x n x n grid (p = 3, rmin = 1.5, density filter, OC,
 stop at a change of 0.01). A cube is used on purpose: pytopo3d 0.3.0 builds its filter neighbour lists
@@ -47,7 +47,7 @@ def compare(n: int = 12, volfrac: float = 0.3, rmin: float = 1.5, maxloop: int =
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ddlcourse bench-simp", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--volfrac", type=float, default=0.3)
     ap.add_argument("--maxloop", type=int, default=200)
@@ -58,7 +58,3 @@ def main(argv=None) -> int:
     print(f"relative compliance difference {100 * r['rel_diff']:.3f} %, max density difference {r['max_density_diff']:.2e}")
     print(f"speed: pytopo3d time / ddlcourse time = {r['speed_ratio']:.2f}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
