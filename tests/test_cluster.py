@@ -139,6 +139,21 @@ def test_start_report_run_stop_leaves_no_process(capsys):
     c.stop()  # idempotent
 
 
+def test_run_calls_progress_while_it_waits_and_gives_up_after_its_timeout():
+    """run() is the one path to the engines: progress is called while they work; past its timeout it says which
+    ranks answered (and what), and the cluster goes on serving the next call once the slow rank is done."""
+    calls = []
+    slow = "__import__('time').sleep(2.5 * __import__('mpi4py.MPI').MPI.COMM_WORLD.Get_rank()) or 7"
+    with MPICluster(n=2, quiet=True) as c:
+        assert c.run(eval, slow, progress=lambda: calls.append(1)) == [7, 7]
+        assert calls, "progress was never called while rank 1 slept for 2.5 s"
+        with pytest.raises(cluster.RanksTimeout) as err:
+            c.run(eval, slow, timeout=1)
+        assert err.value.answered == {0: 7} and err.value.pending == [1]
+        assert "no answer from rank(s) [1] within 1 s (1 of 2 answered)" in str(err.value)
+        assert c.run(eval, "6 * 7") == [42, 42]
+
+
 def test_the_engine_fork_server_serves_the_next_cluster_and_stops_at_exit():
     """One server per process (and per threads-per-rank): a second cluster's engines are forked from it too,
     with a fresh MPI world and fresh pids; forkserver.stop_shared (run at exit) ends it and removes its folder."""

@@ -12,6 +12,7 @@ Modules
 mpicluster  MPICluster: the controller, the engines, run() on the ranks, a clean stop (the notebooks' entry point)
 launch      how ranks are launched (mpiexec or srun), what a Slurm allocation allows, MPI jobs of the kernel's own
 placement   where this process runs: its local rank, its device, and launches that cannot train correctly
+canning     the learner's own torch modules and autograd Functions, sent to the engines by value
 engine      the engine program: ipyparallel's engine, importing torch while it registers
 forkserver  a server that has imported torch once and forks ranks and engines from it
 processes   the record of what each cluster started, and the clean-up from it (stop_all)
@@ -26,7 +27,7 @@ import importlib
 
 # name -> the module of this package that defines it
 _PUBLIC = {
-    "MPICluster": "mpicluster", "RankInfo": "mpicluster", "start": "mpicluster",
+    "MPICluster": "mpicluster", "RankInfo": "mpicluster", "RanksTimeout": "mpicluster", "start": "mpicluster",
     "ClusterError": "launch", "find_mpiexec": "launch", "default_n": "launch", "available_cores": "launch",
     "launch_command": "launch", "in_slurm_allocation": "launch", "may_span_hosts": "launch",
     "allocation_tasks": "launch", "allocation_nodes": "launch", "allocation_has_gpus": "launch",

@@ -53,15 +53,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cloudpickle
 import ipyparallel as ipp
-import torch
 from ipyparallel.error import EngineError
-from ipyparallel.serialize import canning
-from ipyparallel.serialize.canning import CannedObject
 from IPython import get_ipython
 
 from ddlcourse.cluster import forkserver, placement
+from ddlcourse.cluster.canning import send_notebook_classes_by_value
 from ddlcourse.cluster.engine import NANNY_SERVER_VAR
 from ddlcourse.cluster.launch import (PMI_CUT_GRACE, PMI_START_ATTEMPTS, ClusterError, allocation_tasks,
                                      available_cores, default_n, find_mpiexec, in_slurm_allocation, launch_command,
@@ -70,6 +67,30 @@ from ddlcourse.cluster.processes import (kill_recorded as _kill_recorded, runtim
                                          this_host as _this_host)
 
 DEFAULT_TIMEOUT = 120.0  # seconds for all engines to register
+RUN_POLL_S = 0.5         # run(): how often it looks for dead engines, calls progress and checks its timeout
+
+
+class RanksTimeout(TimeoutError):
+    """:meth:`MPICluster.run` ran past its ``timeout``. ``answered``: ``{rank: result}`` of the ranks that answered
+    (a rank that raised holds its exception); ``pending``: the ranks still working."""
+
+    def __init__(self, fn, seconds: float, answered: dict, n: int):
+        self.answered, self.pending = answered, [r for r in range(n) if r not in answered]
+        name = getattr(fn, "__name__", repr(fn))
+        super().__init__(f"{name} got no answer from rank(s) {self.pending} within {seconds:g} s "
+                         f"({len(answered)} of {n} answered)")
+
+
+def _answered(ar) -> dict:
+    """``{rank: result or exception}`` of the ranks (children of ``ar``, in rank order) that have answered."""
+    out = {}
+    for rank, child in enumerate(ar._children):
+        if child.done():
+            try:
+                out[rank] = child.result()
+            except Exception as e:   # noqa: BLE001 -- the rank's own error is its answer
+                out[rank] = e
+    return out
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -485,9 +506,16 @@ class MPICluster:
         self._need()
         return self._rc
 
-    def run(self, fn, *args, **kwargs) -> list:
+    def run(self, fn, *args, progress=None, timeout: float | None = None, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
 
+        The one way the course runs a function on the engines (``training.run``, ``selfcheck.check_code`` and the
+        notebooks' ``c.run(dist.on_first_ranks, k, fn, ...)`` all come through here). While the ranks work it
+        watches them: a dead engine is a :class:`ClusterError` within a second or so, not a hang.
+
+        ``progress``: called with no argument about every ``RUN_POLL_S`` while the ranks work (``training.run``
+        draws its bar with it). ``timeout``: seconds; after it, :class:`RanksTimeout`, which holds the results of
+        the ranks that did answer (the others are still busy: a rank waiting for a message never ends by itself).
         ``fn`` should be importable (a function from ``ddlcourse``) rather than defined in a cell.
         """
         self._need()
@@ -498,9 +526,10 @@ class MPICluster:
             if gone:
                 raise ClusterError(gone) from None
             raise
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                return ar.get(timeout=0.5)
+                return ar.get(timeout=RUN_POLL_S)
             except TimeoutError:
                 pass
             except Exception:
@@ -511,6 +540,10 @@ class MPICluster:
             gone = self._dead_engines()
             if gone:  # the live ranks may wait forever in a collective with the dead one: do not wait
                 raise ClusterError(gone)
+            if progress is not None:
+                progress()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RanksTimeout(fn, timeout, _answered(ar), self.n)
 
     def _dead_engines(self) -> str | None:
         """None while every engine and its launcher run; else a sentence saying what died and what to do."""
@@ -541,40 +574,6 @@ class MPICluster:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"MPICluster(n={self.n}, launcher={self.launcher!r}, {state})"
-
-
-# --------------------------------------------------------------------------- the learner's classes, to the engines
-class CannedByValue(CannedObject):
-    """A class defined in a notebook, pickled by value with cloudpickle (with the globals its methods use).
-    At module level: the engines unpickle it by this name."""
-
-    def __init__(self, cls):
-        self.data, self.buffers = cloudpickle.dumps(cls), []
-
-    def get_object(self, g=None):
-        return cloudpickle.loads(self.data)
-
-
-def send_notebook_classes_by_value() -> None:
-    """Let ipyparallel send a torch module or autograd Function class defined in a notebook (a learner's MyDDP or
-    MySyncBatchNorm) to the engines. By default it sends a notebook's class as its methods, one by one: a method
-    that calls ``super()`` holds the class in a closure cell and the canning recurses for ever, the methods look
-    their globals (``tdist``) up in the engine's namespace, where the notebook's imports are missing, and an
-    autograd Function (its own metaclass) is pickled by name, which the engines cannot find. Such classes go by
-    value, with cloudpickle; every other object as before. Called by :meth:`MPICluster.start`."""
-    if getattr(canning, "_ddlcourse_by_value", False):
-        return
-    default = canning.can_map.get(type, canning.can_class)
-
-    def can_class(obj):
-        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, type) \
-                and issubclass(obj, (torch.nn.Module, torch.autograd.Function)):
-            return CannedByValue(obj)
-        return default(obj)
-
-    canning.can_map[type] = can_class
-    canning.can_map[type(torch.autograd.Function)] = can_class
-    canning._ddlcourse_by_value = True
 
 
 def start(n: int | None = None, **kwargs) -> MPICluster:

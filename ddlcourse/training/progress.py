@@ -44,36 +44,46 @@ class Progress:
             self.bar.close()
 
 
-def run(cluster, fn, *args, desc: str = "training", poll: float = 0.5, **kwargs) -> list:
+def run(cluster, fn, *args, desc: str = "training", **kwargs) -> list:
     """Call ``fn(*args, progress_file=..., **kwargs)`` on every engine and show rank 0's progress live.
 
     ``fn`` must accept a ``progress_file`` keyword (``train`` functions pass it to :func:`setup`).
-    Returns the per-rank results in rank order (ranks that did not take part return ``None``).
+    Returns the per-rank results in rank order (ranks that did not take part return ``None``); it runs through
+    ``cluster.run``, which also turns a dead engine into an error at once.
     """
-    from tqdm.auto import tqdm       # lazy, as above: engines that import this module draw no bar
-
     pfile = str(results_dir("_progress") / f"{desc.replace(' ', '_')}-{os.getpid()}-{time.time_ns()}.json")
-    ar = cluster.view.apply_async(fn, *args, progress_file=pfile, **kwargs)
-    bar = None
+    follow = _Follower(pfile, desc)
     try:
-        while not ar.ready():
-            time.sleep(poll)
-            try:
-                with open(pfile) as f:
-                    p = json.load(f)
-            except (OSError, json.JSONDecodeError):
-                continue
-            if bar is None:
-                bar = tqdm(total=p["total"], desc=desc)
-            bar.update(p["n"] - bar.n)
-            if p.get("postfix"):
-                bar.set_postfix(p["postfix"], refresh=False)
-        return ar.get()
+        return cluster.run(fn, *args, progress=follow, progress_file=pfile, **kwargs)
     finally:
-        if bar is not None:
-            bar.close()
+        follow.close()
         if os.path.exists(pfile):
             os.unlink(pfile)
+
+
+class _Follower:
+    """Called while the ranks work: draws a bar from the progress file rank 0 writes (once it exists)."""
+
+    def __init__(self, path: str, desc: str):
+        self.path, self.desc, self.bar = path, desc, None
+
+    def __call__(self) -> None:
+        try:
+            with open(self.path) as f:
+                p = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm       # lazy, as above: engines that import this module draw no bar
+            self.bar = tqdm(total=p["total"], desc=self.desc)
+        self.bar.update(p["n"] - self.bar.n)
+        if p.get("postfix"):
+            self.bar.set_postfix(p["postfix"], refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self()                           # the last state rank 0 wrote
+            self.bar.close()
 
 
 def scaling_experiment(cluster, fn, make_cfg, ranks=(1, 2, 4), desc: str = "scaling", **kwargs) -> dict:
