@@ -28,7 +28,9 @@ Groups are made once and cached, per rank line:
   once, and a line cached on some ranks but not on others (the same line met in two different splits) would
   leave them waiting in different calls; per-line creation by the line's own ranks cannot.
 
-:func:`release` frees the communicators and forgets the groups (``dist.shutdown`` calls it). The grid uses
+:func:`comm_for_group` is the MPI communicator of a torch group where MPI can carry it (:func:`mpi_usable`), the
+one used by SyncBatchNorm and the DDP hook. :func:`release` frees the communicators and forgets the groups
+(``dist.shutdown`` calls it). The grid uses
 ``COMM_WORLD`` ranks and torch ranks as one numbering, which ``dist.init`` makes true.
 """
 from __future__ import annotations
@@ -49,8 +51,9 @@ AXES = {
 }
 DEFAULT_AXIS = "dp"     # takes the ranks the named axes leave over, outermost (as torchtitan's dp_replicate)
 
-_TORCH: dict = {"world": None, "groups": {}, "meshes": {}}   # follows one torch world: see _follow_torch_world
-_COMMS: dict = {}        # tuple of COMM_WORLD ranks -> mpi4py communicator (valid until release)
+_TORCH: dict = {"world": None, "groups": {}, "meshes": {}, "mpi": {}}   # follows one torch world: _follow_torch_world
+_COMMS: dict = {}        # (tuple of COMM_WORLD ranks, tag) -> mpi4py communicator (valid until release)
+_BEFORE_RELEASE: list = []   # what release() calls first (see before_release)
 
 
 # --------------------------------------------------------------------------- the layout (no communication)
@@ -91,7 +94,7 @@ def _follow_torch_world() -> None:
     """
     world = tdist.group.WORLD if tdist.is_available() and tdist.is_initialized() else None
     if _TORCH["world"] is not world:
-        _TORCH.update(world=world, groups={}, meshes={})
+        _TORCH.update(world=world, groups={}, meshes={}, mpi={})
 
 
 def _need_torch() -> None:
@@ -130,35 +133,85 @@ def device_mesh_of(group, device_type: str):
 
 
 # --------------------------------------------------------------------------- the one cache of MPI communicators
-def comm_of(ranks):
+def comm_of(ranks, tag: str = ""):
     """The mpi4py communicator of these ``COMM_WORLD`` ranks, in this order (rank i of it is ``ranks[i]``).
 
     Collective over those ranks only, the first time; cached after that. None on a rank not in ``ranks``
-    (which takes no part). Freed by :func:`release`, not by the caller.
+    (which takes no part). Freed by :func:`release`, not by the caller. ``tag``: a user that must never share a
+    communicator with any other (the DDP hook's non-blocking allreduces, ``tag="ddp-hook"``) gets one of its own.
     """
     key = ranks if type(ranks) is tuple else tuple(int(r) for r in ranks)
-    if key in _COMMS:           # SyncBatchNorm asks three times per layer and step: no MPI call on this path
-        return _COMMS[key]
+    if (key, tag) in _COMMS:    # SyncBatchNorm asks three times per layer and step: no MPI call on this path
+        return _COMMS[key, tag]
     from mpi4py import MPI      # optional heavy import: a torch-only user of the grid never loads MPI
 
     world = MPI.COMM_WORLD
     if world.Get_rank() not in key:
         return None
-    if key not in _COMMS:
-        everyone = world.Get_group()
-        members = everyone.Incl(list(key))
-        _COMMS[key] = world.Create_group(members)
-        members.Free()
-        everyone.Free()
-    return _COMMS[key]
+    everyone = world.Get_group()
+    members = everyone.Incl(list(key))
+    _COMMS[key, tag] = world.Create_group(members)
+    members.Free()
+    everyone.Free()
+    return _COMMS[key, tag]
 
 
-def release() -> None:
-    """Free every cached MPI communicator and forget every torch group and mesh (``dist.shutdown`` calls it)."""
-    for comm in _COMMS.values():
-        comm.Free()
-    _COMMS.clear()
-    _TORCH.update(world=None, groups={}, meshes={})
+def mpi_usable() -> str | None:
+    """None when MPI can carry this process's collectives over torch groups; else the reason it cannot.
+
+    MPI must be up with ``MPI_THREAD_MULTIPLE`` (Horovod's background thread, or a SyncBatchNorm layer, may be in
+    an MPI call of its own at the same time), and the torch ranks must be the MPI ranks (``dist.init`` makes
+    them so)."""
+    try:
+        from mpi4py import MPI  # optional heavy import, as above
+    except ImportError:
+        return "mpi4py is not installed"
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return "MPI is not initialised (or already finalised)"
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return "MPI was initialised without MPI_THREAD_MULTIPLE"
+    if not tdist.is_initialized():
+        return "torch.distributed is not initialised"
+    world = MPI.COMM_WORLD
+    if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
+        return "the torch ranks are not the MPI ranks"
+    return None
+
+
+def comm_for_group(group=None, tag: str = ""):
+    """The MPI communicator with the ranks of the torch ``group`` (None: the world), or None where MPI cannot carry
+    it (:func:`mpi_usable`). Decided once per group and tag, then a dictionary lookup (SyncBatchNorm asks three
+    times per layer and step); the communicator is :func:`comm_of`'s. Collective over the group's ranks the first
+    time."""
+    _follow_torch_world()
+    key = (group, tag)
+    if key not in _TORCH["mpi"]:
+        _TORCH["mpi"][key] = None if mpi_usable() is not None else \
+            tuple(tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD))
+    ranks = _TORCH["mpi"][key]
+    return None if ranks is None else comm_of(ranks, tag)
+
+
+def before_release(fn) -> None:
+    """Call ``fn(tag)`` before :func:`release` frees communicators (of that tag, or every tag when None): the DDP
+    hook waits for its requests in flight there, so no request outlives its communicator."""
+    if fn not in _BEFORE_RELEASE:
+        _BEFORE_RELEASE.append(fn)
+
+
+def release(tag: str | None = None) -> int:
+    """Free the cached MPI communicators (those of ``tag``; None: all of them, and forget every torch group and
+    mesh too: ``dist.shutdown`` calls it). Collective over each communicator's ranks. Returns how many it freed."""
+    for fn in _BEFORE_RELEASE:
+        fn(tag)
+    keys = [k for k in _COMMS if tag is None or k[1] == tag]
+    for k in keys:
+        _COMMS.pop(k).Free()
+    if tag is None:
+        _TORCH.update(world=None, groups={}, meshes={}, mpi={})
+    else:
+        _TORCH["mpi"] = {k: v for k, v in _TORCH["mpi"].items() if k[1] != tag}
+    return len(keys)
 
 
 # --------------------------------------------------------------------------- the grid

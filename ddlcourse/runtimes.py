@@ -59,12 +59,12 @@ def compare_gloo_mpi(sizes_bytes, reps: int = 10, warmup: int = 2, group=None) -
     import torch.distributed as tdist
     from mpi4py import MPI
 
-    dist.init(horovod=False)
+    dist.init()
     if group is not None and tdist.get_rank(group) < 0:
         return None
     comm = comm_for(group)
     if comm is None:
-        raise RuntimeError("MPI cannot serve this group here (see ddlcourse.parallel.mpi_hook.mpi_usable)")
+        raise RuntimeError("MPI cannot serve this group here (see ddlcourse.grid.mpi_usable)")
     out = {"sizes": [int(s) for s in sizes_bytes], "gloo": [], "mpi": [], "world_size": comm.Get_size()}
     for nbytes in out["sizes"]:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)          # CPU: this is about CPU ranks

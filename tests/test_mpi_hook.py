@@ -16,7 +16,7 @@ from ddlcourse.models.small import MLP, SmallCNN
 from ddlcourse.parallel import mpi_hook
 from ddlcourse.parallel.data_parallel import wrap, unwrap
 
-info = dist.init(horovod=False)
+info = dist.init()
 X, y = teacher_classification(96, dim=8, n_classes=3, seed=1)
 IMG = torch.randn(96, 1, 8, 8, generator=torch.Generator().manual_seed(3))   # (batch, channels, H, W)
 STEPS, GB = 4, 24                                                            # steps, global batch
@@ -206,8 +206,8 @@ def test_mode_validates(monkeypatch):
 
 def test_no_mpi_path_without_torch_distributed():
     import subprocess, sys                             # a fresh process: another test may have made a group here
-    code = ("from ddlcourse.parallel import mpi_hook\n"
-            "assert mpi_hook.mpi_usable() is not None\n"
+    code = ("from ddlcourse import grid\nfrom ddlcourse.parallel import mpi_hook\n"
+            "assert grid.mpi_usable() is not None\n"
             "assert mpi_hook.comm_for(None) is None\n"
             "print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -588,7 +588,6 @@ GROUPS_ALLOWED = {
     "ddlcourse/exercises/": "the learners' reference solutions build their own Split by design (the exercise)",
 }
 GROUPS_PENDING = {   # to be switched to ddlcourse.grid (issue 28); remove an entry once its module has no such call
-    "ddlcourse/parallel/mpi_hook.py": "comm_for's Create_group: to become grid.comm_of",
 }
 
 

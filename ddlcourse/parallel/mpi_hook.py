@@ -34,8 +34,9 @@ When MPI is used, as in :mod:`ddlcourse.parallel.syncbn`:
   collectives on a communicator by their order. Join (uneven inputs) shadows only the default hook: use
   ``default`` with it.
 
-The MPI communicator with the ranks of the DDP group is built once per set of ranks (collectively, when the
-hook is registered, which every rank of the group does), cached, and freed by :func:`free_comms`. Requests
+The MPI communicator with the ranks of the DDP group is :mod:`ddlcourse.grid`'s, under the hook's own tag, built once
+per set of ranks (collectively, when the hook is registered, which every rank of the group does) and freed by
+:func:`free_comms` or ``dist.shutdown``. Requests
 posted on it are recorded per communicator until they are waited for; a backward that raised half-way leaves
 some behind, and the next forward of a DDP module with the hook (or :func:`free_comms`) waits for them first,
 so that no request is left un-waited and a later bucket is never matched with a stale one.
@@ -47,11 +48,13 @@ import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel.distributed import _BufferCommHookLocation
 
+from ddlcourse import grid
+
 MODE_VAR = "DDLCOURSE_DDP_HOOK"
 MODES = ("mpi-overlap", "mpi", "default")     # the first is the default
 _DTYPES = (torch.float32, torch.float64)
 _BUFFER_BUCKET_BYTES = 250 * 1024 * 1024      # DDP's own broadcast_bucket_size, for buffers MPI does not carry
-_COMMS: dict = {}                      # tuple of world ranks -> MPI communicator with those ranks (or None)
+HOOK_TAG = "ddp-hook"                  # the hook's communicators in ddlcourse.grid's cache
 _PENDING: dict = {}                    # tuple of world ranks -> [(request, future, bucket buffer)] not yet waited
 
 
@@ -65,27 +68,9 @@ def check_mode(m: str) -> str:
 
 def mode() -> str:
     """The hook mode from ``$DDLCOURSE_DDP_HOOK``: ``"mpi-overlap"`` when unset, else one of :data:`MODES`."""
-    # Timed with `python -m ddlcourse.bench_ddp` on a shared 2-core machine (figures there; they depend on the
+    # Timed with `python -m ddlcourse bench-ddp` on a shared 2-core machine (figures there; they depend on the
     # machine and its load): both MPI modes beat gloo; the overlapping one comes closest to Horovod.
     return check_mode(os.environ.get(MODE_VAR, MODES[0]))
-
-
-def mpi_usable() -> str | None:
-    """None when MPI can carry this process's collectives; else the reason it cannot."""
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return "mpi4py is not installed"
-    if not MPI.Is_initialized() or MPI.Is_finalized():
-        return "MPI is not initialised (or already finalised)"
-    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-        return "MPI was initialised without MPI_THREAD_MULTIPLE"
-    if not tdist.is_initialized():
-        return "torch.distributed is not initialised"
-    world = MPI.COMM_WORLD
-    if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
-        return "the torch ranks are not the MPI ranks"
-    return None
 
 
 def _ranks(group) -> tuple:
@@ -94,23 +79,10 @@ def _ranks(group) -> tuple:
 
 def comm_for(group=None):
     """The MPI communicator with the ranks of the torch ``group`` (None: the world), or None when MPI cannot
-    serve it. Collective over the group's ranks the first time for each set of ranks; cached after that."""
-    if mpi_usable() is not None:
-        return None
-    from mpi4py import MPI
-
-    ranks = _ranks(group)
-    if ranks not in _COMMS:
-        world = MPI.COMM_WORLD
-        if ranks == tuple(range(world.Get_size())):
-            _COMMS[ranks] = world.Dup()          # its own context: never mixed up with user messages
-        else:
-            everyone = world.Get_group()
-            members = everyone.Incl(list(ranks))
-            _COMMS[ranks] = world.Create_group(members)   # collective over the members only
-            members.Free()
-            everyone.Free()
-    return _COMMS[ranks]
+    serve it (:func:`ddlcourse.grid.mpi_usable`). It is the grid's, under the hook's own tag: the hook's
+    non-blocking allreduces never share a communicator with anything else. Collective over the group's ranks the
+    first time for each set of ranks; cached after that."""
+    return grid.comm_for_group(group, HOOK_TAG)
 
 
 def wait_pending(ranks: tuple) -> int:
@@ -129,19 +101,21 @@ def wait_pending(ranks: tuple) -> int:
     return len(items)
 
 
+def _wait_all(tag) -> None:
+    """Before the grid frees the hook's communicators: wait for every request still in flight on them."""
+    if tag in (None, HOOK_TAG):
+        for ranks in list(_PENDING):
+            wait_pending(ranks)
+        _PENDING.clear()
+
+
+grid.before_release(_wait_all)
+
+
 def free_comms() -> int:
-    """Wait for what is still in flight, then free every cached communicator (collective: call it on every rank
-    that registered a hook). Returns how many communicators were freed."""
-    for ranks in list(_PENDING):
-        wait_pending(ranks)
-    _PENDING.clear()
-    n = 0
-    for comm in _COMMS.values():
-        if comm is not None:
-            comm.Free()
-            n += 1
-    _COMMS.clear()
-    return n
+    """Wait for what is still in flight, then free the hook's communicators (collective: call it on every rank
+    that registered a hook; ``dist.shutdown`` frees them too). Returns how many communicators were freed."""
+    return grid.release(HOOK_TAG)
 
 
 class MPIHookState:

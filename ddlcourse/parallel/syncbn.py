@@ -48,37 +48,12 @@ def _group_size(group) -> int:
 
 
 ALLREDUCE = "auto"          # "auto": MPI for CPU tensors where it maps onto the group; "torch": always torch
-_MPI_COMMS: dict = {}        # torch group (None: the world) -> the MPI ranks of its communicator, or None: use torch
-
-
-def _mpi_comm(group):
-    """The MPI communicator with the ranks of ``group``, or None: use torch.distributed. Decided once per group
-    (the first forward), since it is asked three times per layer and step; the communicator itself is
-    :func:`ddlcourse.grid.comm_of`'s (made by the group's ranks, which all reach the first forward, and cached)."""
-    if group not in _MPI_COMMS:
-        _MPI_COMMS[group] = _mpi_ranks(group)
-    ranks = _MPI_COMMS[group]
-    return None if ranks is None else grid.comm_of(ranks)
-
-
-def _mpi_ranks(group):
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return None
-    # THREAD_MULTIPLE: Horovod's background thread may be in an MPI call of its own at the same time
-    if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-        return None
-    world = MPI.COMM_WORLD
-    if tdist.get_world_size() != world.Get_size() or tdist.get_rank() != world.Get_rank():
-        return None
-    return tuple(tdist.get_process_group_ranks(group if group is not None else tdist.group.WORLD))
 
 
 def _allreduce_(t: torch.Tensor, group) -> torch.Tensor:
     """Sum ``t`` in place over the ranks of ``group`` (a no-op on a single process)."""
     if _group_size(group) > 1:
-        comm = _mpi_comm(group) if ALLREDUCE == "auto" and t.device.type == "cpu" and t.is_contiguous() else None
+        comm = grid.comm_for_group(group) if ALLREDUCE == "auto" and t.device.type == "cpu" and t.is_contiguous() else None
         if comm is not None:
             from mpi4py import MPI
             comm.Allreduce(MPI.IN_PLACE, t.detach().numpy(), op=MPI.SUM)   # numpy() shares t's memory
