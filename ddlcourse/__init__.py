@@ -1,14 +1,59 @@
 """ddlcourse: the package behind the course *Distributed Deep Learning on HPC*.
 
-Every notebook and lab imports from here; ipyparallel engines import the same functions.
+Every notebook and lab imports from here; ipyparallel engines import the same functions. The package has six
+layers, from the bottom up; a module imports only from its own layer and the layers below it (runtime <- core <-
+mechanisms <- experiments <- exercises <- tools; tests/test_layers.py checks every import). A folder is one layer.
 
 Modules
 -------
-config   scale profiles (smoke / laptop / cluster), chosen by $DDLCOURSE_SCALE
-cluster  start and stop an ipyparallel cluster of MPI engines
-dist     per-rank setup: torch.distributed, Horovod, device, seeding
-bench    step timing, throughput, speedup, efficiency and their plots
-checks   environment checks (the allreduce three ways of notebook 00)
+runtime: the cluster the notebooks run on; it teaches nothing
+  cluster/            start and stop an ipyparallel cluster of MPI engines, and know where each rank runs
+core: what every rank sets up first
+  config              scale profiles (smoke / laptop / cluster), chosen by $DDLCOURSE_SCALE, and every size read from them
+  dist                per-rank setup: ranks from MPI, torch.distributed, Horovod, the seed, on_first_ranks
+  grid                the one place where process groups and MPI communicators are made (named axes dp, tp, pp, ...)
+  device              the rank's device, and clocks that wait for it
+mechanisms: what the course teaches, as code that runs on the ranks
+  parallel/           the parallelism schemes: data, model, pipeline, tensor, sequence, context, expert, spatial, sharded
+  collectives         ring allreduce, recursive doubling and reduce+bcast from scratch on mpi4py; the alpha-beta model
+  optim               learning-rate rules for large batches, and the optimizers the course compares
+  losses              a loss that means the same on 1 and on N ranks
+  metrics             metrics computed correctly across ranks
+  sharding            which samples each rank trains on: a correct sharded sampler
+  memory              where training memory goes, predicted and measured (SavedTensors)
+  storage             sharded files on disk, and many ranks reading one file
+  hardware            the hardware figures the course uses, with their sources
+  models/             models the learner can read, small at smoke and laptop scale
+  data/               data generators: nothing is downloaded
+  physics/            physics solvers that make the ground truth of the case studies
+experiments: what the notebooks run and plot, each against its serial reference where there is one
+  experiments/        the notebooks' experiments on the mechanisms of parallel/, one module per mechanism
+  sgd                 notebook 01: gradient descent you can watch
+  noise_scale         notebook 02: gradient noise scale, accumulation, a batch-size sweep
+  integrity           notebook 03: the same loss trajectory on 1 and N ranks, and seven classic mistakes
+  checks              notebook 00 and `check`: MPI, torch.distributed and Horovod agree; where each rank runs
+  runtimes            notebooks 07 and 08: gloo against MPI, bus bandwidth, the hierarchical allreduce
+  federated           notebook 10: federated averaging over non-IID "devices"
+  bench               step timing, throughput, speedup and efficiency, and their plots (notebook 13, the labs)
+  synthetic_bench     notebook 13: a synthetic-data throughput benchmark
+  amp                 notebook 23: bf16 and fp16 autocast, loss scaling, fp32 master weights
+  profiling           notebook 24: traces per rank, the straggler, exposed communication, Horovod's timeline
+  elastic             notebook 25: checkpoints, resume, torchrun's elastic restarts
+  dcp                 notebook 26: FSDP2 and DTensor on a 2-D DeviceMesh, DCP checkpoints resharded
+  datapipe            notebook 27: a sharded on-disk format and the input pipeline measured
+  hpsearch            notebook 28: random search and successive halving on a load-balanced view
+  perfmodel           notebook 29: a scaling model calibrated on published points
+  layout              notebook 30: memory and traffic per rank of a transformer on a DP x TP x PP x CP x EP grid
+  plots_timeline      plots of timelines, memory bars, bubbles and curves
+  plots_transformer   plots of the transformer-parallelism notebooks
+  training/           the skeleton every case study is built on: config, command line, run context, checkpoints
+  cases/              the four case studies of the labs: maize, seismic, topology, driving
+exercises: the learner's coding exercises and their checkers
+  selfcheck           check(...) and check_code(...): the verdicts the notebooks print
+  exercises/          by topic: the checkers, the reference solutions, the learner's templates, the terminal
+tools: for instructors and sites; every tool is a command of python -m ddlcourse
+  tools/              the memory planner and the benchmarks
+  __main__            python -m ddlcourse <command>: the one command line
 """
 import atexit
 import gc

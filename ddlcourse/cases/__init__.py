@@ -5,6 +5,13 @@ A case is any module of this package whose name does not start with ``_`` (``mai
 and its command line is the course's one, :mod:`ddlcourse.training.cli`::
 
     python -m ddlcourse run CASE [--scale S] [--backend B] [--fresh] [key=value ...]
+
+Modules
+-------
+maize     lab 1: maize plant instance segmentation and anomaly detection; Horovod against DDP, SyncBatchNorm
+seismic   lab 2: 3-D seismic facies; 2-D sections against 3-D cubes past one rank's memory, halo exchange
+topology  lab 3: a U-Net surrogate of topology optimisation; large batches with several optimizers
+driving   lab 4: traffic conflicts from multi-camera clips; the views on their own ranks (a dp x mp grid)
 """
 from __future__ import annotations
 
