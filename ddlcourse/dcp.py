@@ -232,13 +232,13 @@ def train_phase(first: int, last: int, load_from: str | None = None, save_to: st
 
 def train_2d_on_engine(*args, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI, then :func:`train_2d`."""
-    dist.init(horovod=False)
+    dist.init()
     return train_2d(*args, **kwargs)
 
 
 def train_phase_on_engine(*args, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI, then :func:`train_phase`."""
-    dist.init(horovod=False)
+    dist.init()
     return train_phase(*args, **kwargs)
 
 

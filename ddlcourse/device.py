@@ -35,7 +35,7 @@ def rank_device(device=None) -> torch.device:
         return torch.device(device)
 
     if tdist.is_available() and tdist.is_initialized():
-        return torch.device(dist.init(horovod=False).device)
+        return torch.device(dist.init().device)
     return torch.device(dist.pick_device(0, set_current=False))   # the kernel's current device stays as it is
 
 

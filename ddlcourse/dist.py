@@ -3,7 +3,8 @@
 Run on every rank (an ipyparallel engine, or a process under ``mpiexec``/``srun``)::
 
     from ddlcourse import dist
-    info = dist.init()            # torch.distributed (gloo on CPU; on GPU one group: cpu:gloo,cuda:nccl) + Horovod
+    info = dist.init()            # torch.distributed (gloo on CPU; on GPU one group: cpu:gloo,cuda:nccl)
+    dist.init(horovod=True)       # ... and Horovod too, for the code that uses it
     model.to(info.device)         # every model and tensor a rank uses lives on info.device
     dist.seed_everything(1234)    # rank r gets seed 1234 + 1000 * r, see seed_for_rank
 
@@ -192,8 +193,9 @@ def _agree_or_raise(comm, problem: str | None) -> None:
         raise LaunchError(problems[0] if len(set(problems)) == 1 else "; ".join(sorted(set(problems))))
 
 
-def init(backend: str = "auto", horovod: bool = True, timeout_s: float = 300.0, tf32: bool = False) -> DistInfo:
-    """Initialise ``torch.distributed`` from the MPI world (and Horovod). Idempotent.
+def init(backend: str = "auto", horovod: bool = False, timeout_s: float = 300.0, tf32: bool = False) -> DistInfo:
+    """Initialise ``torch.distributed`` from the MPI world, and Horovod with ``horovod=True``. Idempotent: a later
+    call with ``horovod=True`` adds Horovod to a world that has only ``torch.distributed``.
 
     ``backend``: ``"auto"`` (nccl with CUDA, else gloo), ``"gloo"`` or ``"nccl"``. With nccl the default
     group is ``"cpu:gloo,cuda:nccl"``: CUDA tensors go through NCCL and CPU tensors through gloo, so a
@@ -256,7 +258,7 @@ def _init_horovod(r: int, n: int) -> None:
     try:
         import horovod.torch as hvd
     except ImportError as e:  # the course env always has it; a bare site may not
-        raise RuntimeError("Horovod is not importable here; run 'make setup', or init(horovod=False)") from e
+        raise RuntimeError("Horovod is not importable here; run 'make setup', or init()") from e
     hvd.init()
     if hvd.rank() != r or hvd.size() != n:
         raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()}, MPI sees {r}/{n}")
@@ -359,6 +361,6 @@ def on_first_ranks(k: int, fn, *args, **kwargs):
     if "comm" in params and "group" not in params:
         comm, _ = subgroup(k)
         return together(fn, args, dict(kwargs, comm=comm), run=comm is not None)
-    init(horovod=False)
+    init()
     _, group = subgroup(k)
     return together(fn, args, dict(kwargs, group=group), run=group is not None)

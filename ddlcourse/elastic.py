@@ -159,7 +159,7 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
 
 def run_on_engine(ckpt_dir, **kwargs) -> dict:
     """On an ipyparallel engine: initialise ``torch.distributed`` from MPI and run :func:`train_loop`."""
-    dist.init(horovod=False)
+    dist.init()
     return train_loop(ckpt_dir, **kwargs)
 
 

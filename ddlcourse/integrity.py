@@ -205,7 +205,7 @@ def serial(mistake: str = "none", device=None, **overrides) -> list[float]:
 def run(k: int, mistake: str = "none", device=None, **overrides):
     """On every engine of a cluster: train on the first ``k`` ranks (on ``device``, default the rank's,
     ``dist.init().device``); ``None`` on the others."""
-    dist.init(horovod=False)
+    dist.init()
     dist.set_threads(1)
     comm, group = dist.subgroup(k)
     if comm is None:

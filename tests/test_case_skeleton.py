@@ -19,13 +19,14 @@ from ddlcourse.training import ConfigError
 class Demo(training.CaseConfig):
     CASE: ClassVar[str] = "demo"
     SECTION: ClassVar[str] = "topology"          # a real scale section: its epochs, lr, global_batch, n_train
-    n_train: int
-    epochs: int
-    lr: float
-    global_batch: int
+    n_train: int = training.setting(min=1, help="training samples")
+    epochs: int = training.setting(min=1, help="passes over the data")
+    lr: float = training.setting(above=0, help="the learning rate")
+    global_batch: int = training.setting(min=1, help="samples per step")
     syncbn: bool = True
     init_from: str | None = None
-    sizes: list[int] | None = None
+    sizes: list[int] | None = training.setting(None, min=1, help="sizes")
+    mode: str = training.setting("a", choices=("a", "b"), help="a mode")
 
 
 def demo(scale="smoke", **kw) -> Demo:
@@ -47,7 +48,9 @@ def test_config_takes_the_scale_sizes_and_the_run_options():
     (dict(epochs="abc"), "epochs=abc: expected a whole number"),
     (dict(epochs=2.5), "epochs=2.5: expected a whole number"),
     (dict(epochs=-3), "epochs=-3: must be >= 1"),
-    (dict(lr=0), "lr=0.0: the learning rate must be > 0"),
+    (dict(lr=0), "lr=0.0: must be > 0"),
+    (dict(sizes=[2, 0]), "sizes=[2, 0]: must be >= 1"),
+    (dict(mode="c"), "unknown mode 'c'; choose one of a, b"),
     (dict(lr="fast"), "lr=fast: expected a number"),
     (dict(global_batch=0), "global_batch=0: must be >= 1"),
     (dict(syncbn="maybe"), "syncbn=maybe: expected true or false"),
@@ -66,14 +69,15 @@ def test_unknown_scale_is_a_config_error():
         demo("huge")
 
 
-def test_command_line_overrides_are_typed():
+def test_command_line_overrides_are_typed_once_by_the_config():
     over = training.parse_overrides(Demo, ["epochs=3", "lr=1e-3", "syncbn=false", "init_from=none",
                                            "sizes=1,2,3", "run_name=r1", "fresh=yes", "ranks=2"])
-    assert over == {"epochs": 3, "lr": 1e-3, "syncbn": False, "init_from": None, "sizes": [1, 2, 3],
-                    "run_name": "r1", "fresh": True, "ranks": 2}
-    assert type(over["epochs"]) is int and type(over["lr"]) is float
+    assert over == {"epochs": "3", "lr": "1e-3", "syncbn": "false", "init_from": "none", "sizes": "1,2,3",
+                    "run_name": "r1", "fresh": "yes", "ranks": "2"}     # split and named here, converted once below
     cfg = demo(**over)
-    assert (cfg.epochs, cfg.lr, cfg.syncbn, cfg.sizes, cfg.fresh) == (3, 1e-3, False, [1, 2, 3], True)
+    assert (cfg.epochs, cfg.lr, cfg.syncbn, cfg.init_from, cfg.sizes, cfg.fresh, cfg.ranks) == \
+        (3, 1e-3, False, None, [1, 2, 3], True, 2)
+    assert type(cfg.epochs) is int and type(cfg.lr) is float
     assert demo(init_from="other").init_from == "other"
     for bad, message in (("epochs", "expected key=value"), ("batch=3", "unknown demo setting(s) batch;"),
                          ("epochs=-3", "epochs=-3: must be >= 1")):
@@ -240,17 +244,19 @@ cfg = topology.Config.make("smoke")
 a = training.setup(cfg, mesh=(2, 2))
 n_first = len(calls)
 b = training.setup(cfg, mesh=(None, 2))
-m = a.mesh
+g, h = a.grid, b.grid
 assert len(calls) == n_first >= 4, (len(calls), n_first)   # 2 rows + 2 columns, once (ddlcourse.grid caches them)
-assert (b.mesh.dp_group, b.mesh.mp_group, b.mesh.dp_comm, b.mesh.mp_comm) == (m.dp_group, m.mp_group, m.dp_comm, m.mp_comm)
-assert (m.dp_rank, m.mp_rank) == (a.rank // 2, a.rank % 2)
-assert m.mp_ranks == [2 * m.dp_rank, 2 * m.dp_rank + 1] and m.dp_ranks == [m.mp_rank, m.mp_rank + 2]
+assert [h.group(x) for x in ("dp", "mp")] + [h.comm(x) for x in ("dp", "mp")] == \
+    [g.group(x) for x in ("dp", "mp")] + [g.comm(x) for x in ("dp", "mp")]
+assert len(calls) == n_first                                # asking again makes nothing
+assert (a.dp, a.mp, g.coord("dp"), g.coord("mp")) == (2, 2, a.rank // 2, a.rank % 2)
+assert g.ranks("mp") == [2 * g.coord("dp"), 2 * g.coord("dp") + 1] and g.ranks("dp") == [g.coord("mp"), g.coord("mp") + 2]
 t = torch.tensor([float(a.rank)])
-tdist.all_reduce(t, group=m.dp_group)              # the same part of both replicas: ranks j and j + 2
+tdist.all_reduce(t, group=g.group("dp"))           # the same part of both replicas: ranks j and j + 2
 u = torch.tensor([float(a.rank)])
-tdist.all_reduce(u, group=m.mp_group)              # one replica: ranks 2i and 2i + 1
-assert t.item() == 2 * m.mp_rank + 2 and u.item() == 4 * m.dp_rank + 1
-assert m.dp_comm.allreduce(a.rank) == t.item() and m.mp_comm.allreduce(a.rank) == u.item()
+tdist.all_reduce(u, group=g.group("mp"))           # one replica: ranks 2i and 2i + 1
+assert t.item() == 2 * g.coord("mp") + 2 and u.item() == 4 * g.coord("dp") + 1
+assert g.comm("dp").allreduce(a.rank) == t.item() and g.comm("mp").allreduce(a.rank) == u.item()
 assert a.mean(float(a.rank)) == 1.5 and a.max(a.rank) == 3 and a.sum(a.rank) == 6
 sub = training.setup(topology.Config.make("smoke", ranks=2))   # ranks 2 and 3 are not in this run
 assert (sub is None) == (a.rank >= 2)
@@ -275,7 +281,7 @@ from ddlcourse import dist, training
 from ddlcourse.cases import topology
 cfg = topology.Config.make("smoke", backend="horovod")
 ctx = training.setup(cfg, mesh=(2, 2))
-assert ctx.mesh.mp == 2 and ctx.backend == "horovod"
+assert ctx.mp == 2 and ctx.backend == "horovod"
 m = torch.nn.Linear(2, 2)
 try:
     ctx.wrap(m, torch.optim.SGD(m.parameters(), lr=0.1))

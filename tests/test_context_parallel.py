@@ -14,7 +14,7 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import context
 from ddlcourse.experiments import context as context_exp
-dist.init(horovod=False)
+dist.init()
 out = {}
 for layout in context.LAYOUTS:
     a = context_exp.compare_attention(seq_len=32, layout=layout)

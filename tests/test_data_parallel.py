@@ -58,7 +58,7 @@ from ddlcourse.models.small import SmallCNN
 from ddlcourse.parallel.data_parallel import wrap, unwrap
 from ddlcourse.parallel.syncbn import convert_sync_batchnorm
 
-info = dist.init(horovod=False)
+info = dist.init()
 r, n = info.rank, info.world_size
 torch.manual_seed(0)
 serial = SmallCNN(width=4)

@@ -211,7 +211,7 @@ def test_cli_bad_input_is_a_clear_error(capsys):
 def test_config_refuses_what_cannot_work():
     from ddlcourse.cases import driving
     from ddlcourse.training import ConfigError
-    with pytest.raises(ConfigError, match="uses torch.distributed point-to-point"):
+    with pytest.raises(ConfigError, match="Horovod averages gradients over all ranks, but this run's model is split"):
         driving.Config.make("smoke", mp=2, backend="horovod")
     with pytest.raises(ConfigError, match="does not split into 3 micro-batches"):
         driving.Config.make("smoke", micro_batches=3)

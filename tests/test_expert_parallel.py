@@ -13,7 +13,7 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import expert
 from ddlcourse.experiments import expert as expert_exp
-dist.init(horovod=False)
+dist.init()
 out = [expert_exp.compare_with_serial(capacity_factor=cf, skew=1.0) for cf in (0.75, 1.0, 4.0)]
 res = MPI.COMM_WORLD.gather(out, root=0)
 if dist.rank() == 0:

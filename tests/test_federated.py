@@ -7,7 +7,7 @@ from ddlcourse import federated
 CODE = """
 from mpi4py import MPI
 from ddlcourse import dist, federated
-dist.init(horovod=False)
+dist.init()
 d = max(federated.compare_with_serial(3, mode) for mode in ("iid", "noniid"))
 d = MPI.COMM_WORLD.allreduce(d, op=MPI.MAX)
 if dist.rank() == 0:

@@ -36,7 +36,7 @@ import torch, torch.distributed as t
 from mpi4py import MPI
 from ddlcourse import dist, grid
 
-info = dist.init(horovod=False)
+info = dist.init()
 r = info.rank
 made = []                                  # every new_group call, counted
 real = t.new_group
@@ -102,7 +102,7 @@ assert "3 does not divide 4" in errors[1] and "unknown axis name(s) ['dx']" in e
 # a new torch world (destroyed and initialised again behind the grid's back): the old groups are dropped
 t.destroy_process_group()
 dist._STATE.pop("info")
-dist.init(horovod=False)
+dist.init()
 k = grid.build(dp=2, tp=2)
 assert total_torch(k.group("dp")) == sum(k.ranks("dp")) and len(made) == n_made + 2, made
 

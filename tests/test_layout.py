@@ -66,7 +66,7 @@ from ddlcourse import dist, layout
 from ddlcourse.models import transformer as T
 from ddlcourse.parallel import context, expert
 from ddlcourse.experiments import context as context_exp, expert as expert_exp
-dist.init(horovod=False)
+dist.init()
 cfg = T.TransformerConfig(vocab=11, seq_len=128, dim=64, n_heads=8, n_layers=1)
 cp = context_exp.measure_block(cfg, batch=1)
 cp3 = context_exp.measure_block(cfg, batch=3)                          # more than one sequence per micro-batch

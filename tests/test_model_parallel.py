@@ -7,7 +7,7 @@ CODE = """
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.experiments import model_parallel as mp_exp
-dist.init(horovod=False)
+dist.init()
 r = mp_exp.compare_with_serial(batch=16, n_layers=7)
 worst = MPI.COMM_WORLD.allreduce(max(r["loss_diff"], r["grad_diff"]), op=MPI.MAX)
 kinds = sorted({(e["rank"], e["kind"]) for e in r["events"]})

@@ -9,7 +9,7 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import pipeline
 from ddlcourse.experiments import pipeline as pipeline_exp
-dist.init(horovod=False)
+dist.init()
 worst, infl = 0.0, {}
 for sched in ("gpipe", "1f1b"):
     for m in (1, 3, 4):
@@ -55,7 +55,7 @@ from ddlcourse import dist
 from ddlcourse.parallel import pipeline, model_parallel as mp
 from ddlcourse.experiments import pipeline as pipeline_exp, model_parallel as mp_exp
 from ddlcourse.data.toy import teacher_classification
-dist.init(horovod=False)
+dist.init()
 s, p = dist.rank(), dist.world_size()
 X, Y = teacher_classification(16, dim=16, n_classes=4, seed=0)
 loss_fn = nn.CrossEntropyLoss()
@@ -82,7 +82,7 @@ from ddlcourse.parallel import pipeline, model_parallel as mp
 from ddlcourse.experiments import pipeline as pipeline_exp, model_parallel as mp_exp
 from ddlcourse.data.toy import teacher_classification
 from torch import nn
-dist.init(horovod=False)
+dist.init()
 slept = []
 pipeline._emulate = slept.append          # record the emulated work instead of sleeping
 s, p = dist.rank(), dist.world_size()

@@ -85,7 +85,7 @@ def test_host_comms_follow_the_ranks_of_the_given_communicator(mpi):
 GLOO = r"""
 from mpi4py import MPI
 from ddlcourse import dist, runtimes
-dist.init(horovod=False)
+dist.init()
 res = runtimes.compare_gloo_mpi([256, 1 << 16, 1 << 18], reps=2)
 fit = runtimes.fit_both(res)
 dist.shutdown()

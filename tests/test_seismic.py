@@ -161,14 +161,24 @@ from ddlcourse.cases import seismic
 from ddlcourse import training
 small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_volumes=4, cubes_per_volume=2,
              n_test=2, global_batch=4, width=2, levels=2, epochs=2, lr=1e-2, memory_budget_mb=0, fresh=True)
-out = {}
+out, ddp_made = {}, []
+_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+def counting_init(self, *a, **k):                # which runs really go through DDP
+    ddp_made.append(1)
+    _ddp_init(self, *a, **k)
+torch.nn.parallel.DistributedDataParallel.__init__ = counting_init
 def run(name, **kw):
+    before = len(ddp_made)
     r = seismic.train(seismic.Config.make("smoke", **{**small, **kw, "run_name": name}))
     if MPI.COMM_WORLD.rank == 0:
-        out[name] = r["history"], r["scores"]["pixel_acc"], r["activation_mb"], r["predicted_activation_mb"]
+        out[name] = (r["history"], r["scores"]["pixel_acc"], r["activation_mb"], r["predicted_activation_mb"],
+                     len(ddp_made) - before)
 run("one", ranks=1)
 run("two", ranks=2)
 run("spatial", ranks=2, spatial=2)
+run("two_allreduce", ranks=2, backend="allreduce")
+run("spatial_allreduce", ranks=2, spatial=2, backend="allreduce")
+run("two_horovod", ranks=2, backend="horovod")
 run("one2d", ranks=1, model="2d")
 run("two2d", ranks=2, model="2d")
 run("half", ranks=1, epochs=1)
@@ -211,6 +221,16 @@ def test_two_ranks_match_one(train_runs):
     assert len(one) == 4 and np.allclose(one, two, atol=1e-5), (one, two)
     assert np.allclose(train_runs["one2d"][0], train_runs["two2d"][0], atol=1e-5)
     assert train_runs["one"][1] == pytest.approx(train_runs["two"][1], abs=1e-3)
+
+
+def test_each_backend_averages_its_own_way_and_all_match_serial(train_runs):
+    """backend picks how the gradients are averaged, as --help says: DDP (its buckets, with no_sync on all but a
+    step's last backward), one allreduce per tensor, or Horovod; all give the serial trajectory."""
+    one = np.array(train_runs["one"][0])
+    for name in ("two", "spatial", "two_allreduce", "spatial_allreduce", "two_horovod"):
+        assert np.allclose(one, train_runs[name][0], atol=1e-5), (name, one, train_runs[name][0])
+    made = {name: train_runs[name][4] for name in ("one", "two", "spatial", "two_allreduce", "two_horovod")}
+    assert made == {"one": 0, "two": 1, "spatial": 1, "two_allreduce": 0, "two_horovod": 0}, made
 
 
 def test_spatial_parallel_matches_serial(train_runs):

@@ -21,7 +21,7 @@ from ddlcourse import dist
 from ddlcourse.models import transformer as T
 from ddlcourse.parallel import sequence
 from ddlcourse.experiments import sequence as sequence_exp
-dist.init(horovod=False)
+dist.init()
 cmp = sequence_exp.compare_with_serial(T.TransformerConfig(**{CFG!r}), batch=2)
 mem = sequence_exp.activation_sweep(T.TransformerConfig(**{MEM!r}), batch=2)
 res = MPI.COMM_WORLD.gather(dict(cmp=cmp, mem=mem), root=0)

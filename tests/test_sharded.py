@@ -8,7 +8,7 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import sharded
 from ddlcourse.experiments import sharded as sharded_exp
-dist.init(horovod=False)
+dist.init()
 out = {}
 for mode in ("ddp", "zero1", "zero2", "fsdp"):
     d = sharded_exp.compare_with_serial(mode, steps=3, global_batch=16, dim=16, hidden=32, depth=2)
@@ -50,7 +50,7 @@ VOLUME_CODE = """
 from ddlcourse import dist
 from ddlcourse.parallel import sharded
 from ddlcourse.experiments import sharded as sharded_exp
-dist.init(horovod=False)
+dist.init()
 for mode in sharded.MODES:
     r = sharded_exp.train(mode, steps=2, global_batch=24, dim=16, hidden=48, depth=2, count_bytes=True)
     tot = sum(r["sent"].values())

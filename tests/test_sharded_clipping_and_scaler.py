@@ -16,7 +16,7 @@ from ddlcourse import dist
 from ddlcourse.parallel import sequence
 from ddlcourse.experiments import sequence as sequence_exp
 from ddlcourse.models import transformer as T
-dist.init(horovod=False)
+dist.init()
 t = tdist.get_world_size()
 d = sequence_exp.clipping_on_shards(T.TransformerConfig(vocab=11, seq_len=4 * t, dim=16 * t, n_heads=2 * t, n_layers=1))
 assert d["right"]["grad_diff"] < 1e-6 and abs(d["right"]["norm"] - d["serial_norm"]) < 1e-5 * d["serial_norm"], d
@@ -31,7 +31,7 @@ dist.shutdown()   # before exit: gloo may abort at interpreter exit with a live 
 SCALER = """
 import torch.distributed as tdist
 from ddlcourse import amp, dist
-dist.init(horovod=False)
+dist.init()
 d = amp.sharded_scaler(steps=5, overflow_step=2, overflow_rank=1)
 every = [None] * tdist.get_world_size()
 tdist.all_gather_object(every, d)

@@ -7,7 +7,7 @@ from ddlcourse import dist
 from ddlcourse.parallel import spatial
 from ddlcourse.experiments import spatial as spatial_exp
 from mpi4py import MPI
-dist.init(horovod=False)
+dist.init()
 res = []
 for ndim, dim, k, dil, size in [(2, 2, 3, 1, 16), (2, 3, 5, 1, 16), (2, 2, 3, 2, 16), (3, 2, 3, 1, 8), (3, 4, 3, 1, 8)]:
     res.append(spatial_exp.compare_with_serial(ndim=ndim, size=size, kernel=k, dim=dim, dilation=dil))

@@ -6,7 +6,7 @@ from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.parallel import tensor
 from ddlcourse.experiments import tensor as tensor_exp
-dist.init(horovod=False)
+dist.init()
 d = tensor_exp.compare_with_serial(batch=6, dim=12, hidden=32)
 worst = MPI.COMM_WORLD.allreduce(max(d.values()), op=MPI.MAX)
 if dist.rank() == 0:
@@ -25,7 +25,7 @@ MESH = """
 from mpi4py import MPI
 from ddlcourse import dist
 from ddlcourse.experiments import mesh as mesh_exp
-dist.init(horovod=False)
+dist.init()
 d = mesh_exp.hybrid_compare_with_serial(dp=2, tp=2)
 worst = MPI.COMM_WORLD.allreduce(max(d["loss_diff"], d["grad_diff"]), op=MPI.MAX)
 coords = MPI.COMM_WORLD.gather((d["dp_rank"], d["tp_rank"]), root=0)

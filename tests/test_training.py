@@ -58,8 +58,9 @@ def test_progress_file(tmp_path):
     assert json.load(open(f)) == {"n": 3, "total": 3, "desc": "x", "postfix": {"loss": 0.5}}
 
 
-def test_setup_rejects_bad_backend():
-    with pytest.raises(ValueError, match="unknown backend"):
+def test_setup_takes_a_config_only():
+    """One way in: the case's config (the backend string it once took as well is refused, and says so)."""
+    with pytest.raises(TypeError, match="takes the case's config"):
         training.setup("gloo")
 
 

@@ -16,17 +16,29 @@ from ddlcourse.parallel import data_parallel
 from ddlcourse.training.cli import cli_value, parse_args
 
 
-def settings_table(out: str) -> dict[str, tuple[str, str]]:
-    """``{setting: (type, value)}`` from the table that ``--help`` prints under its ``setting type value`` header."""
+def settings_table(out: str, with_help: bool = False) -> dict[str, tuple]:
+    """``{setting: (type, value)}`` (``with_help``: ``(type, value, what it is)``) from the table that ``--help``
+    prints under its ``setting type value what it is`` header."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(r"^\s+setting\s+type\s+value$", line))
+    start = next(i for i, line in enumerate(lines) if re.match(r"^\s+setting\s+type\s+value\s+what it is$", line))
     rows = {}
     for line in lines[start + 1:]:
         parts = re.split(r"\s{2,}", line.strip())
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             break
-        rows[parts[0]] = (parts[1], parts[2])
+        rows[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) == 4 else "")[:3 if with_help else 2]
     return rows
+
+
+@pytest.mark.parametrize("case", cases.available())
+def test_help_says_what_every_setting_is(capsys, case):
+    """The settings' descriptions are declared on their fields (training.setting) and shown by --help."""
+    rc, out, _ = run(capsys, case, "--scale", "smoke", "--help")
+    assert rc == 0
+    cfg = cases.get_case(case).Config
+    table = settings_table(out, with_help=True)
+    assert {k: v[2] for k, v in table.items()} == {k: cfg.help_of(k) for k in cfg.settings()}
+    assert all(cfg.help_of(k) for k in cfg.settings()), [k for k in cfg.settings() if not cfg.help_of(k)]
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -92,8 +104,11 @@ def test_unknown_backend_lists_the_one_backend_list(capsys):
         rc, _, err = run(capsys, "seismic", "--scale", "smoke", *argv)
         assert rc == 2, argv
         assert f"unknown backend 'mpi'; choose one of {', '.join(training.BACKENDS)}" in err, err
+    from ddlcourse.cases import seismic
+    cfg = seismic.Config.make("smoke")
+    cfg.backend = "mpi"                                         # past the config's own check
     with pytest.raises(training.ConfigError, match="unknown backend 'mpi'"):
-        training.setup("mpi")                                   # the run context checks the same list
+        training.setup(cfg)                                     # the run context checks the same list
 
 
 def test_unknown_scale_lists_the_scales(capsys):

@@ -22,6 +22,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from ddlcourse import metrics, plots_timeline, sharding, training
+from ddlcourse.training import setting
 from ddlcourse.data import driving as data
 from ddlcourse.memory import SavedTensors
 from ddlcourse.models.driving import MultiViewNet
@@ -37,35 +38,26 @@ class Config(training.CaseConfig):
 
     CASE: ClassVar[str] = "driving"
     SECTION: ClassVar[str] = "lab_driving"
-    n_clips: int                       # training clips (chunks of 23, each with the class quotas 18 : 4 : 1)
-    n_val: int
-    frames: int
-    size: int
-    width: int
-    feat: int
-    hidden: int
-    epochs: int
-    global_batch: int
-    lr: float
-    weight_decay: float = 1e-4
-    weighted_loss: bool = True
-    mp: int = 1                        # model-parallel ranks per replica (views + head)
-    micro_batches: int = 1
-    use_cache: bool = True
-    measure_memory: bool = False
+    n_clips: int = setting(min=1, help="training clips (chunks of 23, each with the class quotas 18 : 4 : 1)")
+    n_val: int = setting(min=1, help="validation clips")
+    frames: int = setting(min=2, help="frames per clip")
+    size: int = setting(min=16, help="pixels on a side of a camera's frame")
+    width: int = setting(min=1, help="channels of each view's encoder")
+    feat: int = setting(min=1, help="features each view's encoder gives the head")
+    hidden: int = setting(min=1, help="units of the head's hidden layer")
+    epochs: int = setting(min=1, help="passes over the training clips")
+    global_batch: int = setting(min=1, help="clips per step, over all replicas")
+    lr: float = setting(above=0, help="AdamW's learning rate")
+    weight_decay: float = setting(1e-4, min=0, help="AdamW's weight decay")
+    weighted_loss: bool = setting(True, help="weigh the classes by their inverse frequency")
+    mp: int = setting(1, min=1, help="model-parallel ranks per replica (views + head)")
+    micro_batches: int = setting(1, min=1, help="micro-batches per step (the views and the head pipeline them)")
+    use_cache: bool = setting(True, help="keep the generated clips on disk")
+    measure_memory: bool = setting(False, help="measure the activation memory of each rank")
 
     def validate(self) -> None:
         super().validate()
-        if self.frames < 2 or self.size < 16:
-            raise training.ConfigError(f"need frames >= 2 and size >= 16, got frames={self.frames}, size={self.size}")
-        for k in ("feat", "hidden", "mp"):
-            if getattr(self, k) < 1:
-                raise training.ConfigError(f"{k}={getattr(self, k)}: must be >= 1")
-        if self.weight_decay < 0:
-            raise training.ConfigError(f"weight_decay={self.weight_decay}: must be >= 0")
-        if self.mp > 1 and self.backend == "horovod":
-            raise training.ConfigError("model parallelism (mp > 1) uses torch.distributed point-to-point; "
-                                       "use backend='ddp'")
+        training.check_split_model(self.backend, self.mp)   # before any work: the views split the model
         if self.global_batch % self.micro_batches:
             raise training.ConfigError(f"global_batch={self.global_batch} does not split into "
                                        f"{self.micro_batches} micro-batches")
@@ -130,12 +122,12 @@ def load_data(cfg: Config, ctx) -> tuple[dict, dict]:
     The ``mp`` ranks of one replica need the same clips. With the cache on, each chunk (23 clips) is made once:
     by the first rank of the replica whose block holds the chunk's first clip; after a barrier the others read it.
     """
-    m = ctx.mesh
+    g = ctx.grid
     kw = dict(frames=cfg.frames, size=cfg.size)
-    tr_lo, tr_hi = replica_clips(cfg.n_clips, cfg.global_batch, m.dp, m.dp_rank)
-    va_lo, va_hi = block(cfg.n_val, m.dp, m.dp_rank)
+    tr_lo, tr_hi = replica_clips(cfg.n_clips, cfg.global_batch, ctx.dp, g.coord("dp"))
+    va_lo, va_hi = block(cfg.n_val, ctx.dp, g.coord("dp"))
     if cfg.use_cache and ctx.world_size > 1:
-        if m.mp_rank == 0:
+        if g.coord("mp") == 0:
             for n, seed, lo, hi in ((cfg.n_clips, cfg.seed, tr_lo, tr_hi), (cfg.n_val, cfg.seed + 10_000, va_lo, va_hi)):
                 data.make_chunks(n, [c for c in data.chunks_of(lo, hi) if lo <= c * data.CHUNK < hi], seed=seed, **kw)
         ctx.barrier()                       # the run's ranks only: others may have left (ranks < world)
@@ -171,18 +163,18 @@ def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict
     """Train on this rank's share; every rank of the run returns the result (rank 0 also writes it).
 
     ``head_step``: with ``cfg.mp > 1``, the head rank's messages of one micro-batch (the lab's coding exercise,
-    ``exercises.lab04_driving.head_step_solution`` is the reference); None: the package's own code."""
+    ``exercises.solutions.driving.head_step_solution`` is the reference); None: the package's own code."""
     ctx = training.setup(cfg, mesh=(None, cfg.mp), progress_file=progress_file)   # every rank of the world
     if ctx is None:
         return None
-    m = ctx.mesh
-    dp, B = m.dp, cfg.global_batch
+    g = ctx.grid
+    dp, B = ctx.dp, cfg.global_batch
     check_mesh(cfg, dp)
     with ctx.timer() as t_data:
         tr, va = load_data(cfg, ctx)
-    tr_lo, tr_hi = replica_clips(cfg.n_clips, B, dp, m.dp_rank)
+    tr_lo, tr_hi = replica_clips(cfg.n_clips, B, dp, g.coord("dp"))
     X, y = torch.from_numpy(tr["video"]), torch.from_numpy(tr["label"])   # stay on the host; batches move
-    first = m.mp_rank == 0                                              # counts each replica's clips once
+    first = g.coord("mp") == 0                                          # counts each replica's clips once
     counts = ctx.sum(np.bincount(tr["label"], minlength=3) * first).astype(np.int64)
     val_labels = np.concatenate(ctx.comm.allgather(va["label"] if first else va["label"][:0]))
     loss_fn = summed_loss(ctx.to(class_weights(counts)) if cfg.weighted_loss else None)
@@ -190,7 +182,7 @@ def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict
     torch.manual_seed(cfg.seed)                    # the same initial model on every rank
     model = ctx.to(MultiViewNet(3, cfg.width, cfg.feat, cfg.hidden))
     if cfg.mp > 1:
-        net = BranchParallel(model, cfg.mp, m.mp_rank, m.mp_ranks, m.dp_group, mp_group=m.mp_group,
+        net = BranchParallel(model, cfg.mp, g.coord("mp"), g.ranks("mp"), g.group("dp"), mp_group=g.group("mp"),
                              head_step=head_step)
         opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
@@ -202,7 +194,7 @@ def train(cfg: Config, progress_file: str | None = None, head_step=None) -> dict
         net, opt = ctx.wrap(model, opt)
 
     local = B // dp
-    slots = replica_slots(B, dp, m.dp_rank)
+    slots = replica_slots(B, dp, g.coord("dp"))
     steps_per_epoch = cfg.n_clips // B
     bar = ctx.progress((cfg.epochs - start) * steps_per_epoch, desc=f"driving dp={dp} mp={cfg.mp}")
     t_train, samples, timed_steps, t_step = 0.0, 0, 0, 0.0

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ddlcourse import integrity, metrics, training
+from ddlcourse.training import setting
 from ddlcourse.data import maize as data
 from ddlcourse.metrics import InstanceStats
 from ddlcourse.models.maize import CropAutoencoder, UNet, group_instances, seg_loss
@@ -47,30 +48,31 @@ class Config(training.CaseConfig):
     CASE: ClassVar[str] = CASE
     SECTION: ClassVar[str] = "lab_maize"
     # data: field tiles of size x size px; n_train tiles in chunks of chunk_size
-    size: int
-    n_rows: int
-    n_slots: int
-    n_train: int
-    chunk_size: int
-    n_val: int
-    val_chunk_size: int
-    per_chunk: int                    # images per chunk in each step: global batch = n_chunks * per_chunk
+    size: int = setting(min=1, help="pixels on a side of a field tile")
+    n_rows: int = setting(min=1, help="crop rows in a tile")
+    n_slots: int = setting(min=1, help="plant positions along a row")
+    n_train: int = setting(min=1, help="training tiles")
+    chunk_size: int = setting(min=1, help="tiles per chunk (the unit a rank owns)")
+    n_val: int = setting(min=1, help="validation tiles")
+    val_chunk_size: int = setting(min=1, help="validation tiles per chunk")
+    per_chunk: int = setting(min=1, help="tiles of each chunk in a step: global batch = chunks * per_chunk")
     # models and optimisation
-    seg_epochs: int
-    ae_epochs: int
-    width: int
-    depth: int
-    ae_width: int
-    latent: int
-    crop: int
-    lr: float
-    ae_lr: float
+    seg_epochs: int = setting(min=1, help="epochs of the segmentation U-Net")
+    ae_epochs: int = setting(min=1, help="epochs of the anomaly autoencoder")
+    width: int = setting(min=1, help="channels of the U-Net's first level")
+    depth: int = setting(min=1, help="levels of the U-Net")
+    ae_width: int = setting(min=1, help="channels of the autoencoder's first layer")
+    latent: int = setting(min=1, help="size of the autoencoder's code")
+    crop: int = setting(min=1, help="pixels on a side of the plant crops the autoencoder sees")
+    lr: float = setting(above=0, help="Adam's learning rate (segmentation)")
+    ae_lr: float = setting(above=0, help="Adam's learning rate (autoencoder)")
     # run options
-    backend: str = "horovod"
-    syncbn: bool = True               # SyncBatchNorm: BatchNorm statistics of the global batch
-    stages: str = "seg,ae"            # seg, ae or seg,ae
-    field_chunks: int | None = None   # train on the first field_chunks chunks only (weak scaling)
-    eval: bool = True
+    backend: str = setting("horovod", help="how gradients are averaged: allreduce, ddp, horovod")
+    syncbn: bool = setting(True, help="SyncBatchNorm: BatchNorm statistics of the global batch")
+    stages: str = setting("seg,ae", help="what to train: seg, ae or seg,ae")
+    field_chunks: int | None = setting(None, min=1, help="train on the first field_chunks chunks only (weak "
+                                                         "scaling); none: all of them")
+    eval: bool = setting(True, help="evaluate on the validation tiles after training")
 
     def validate(self) -> None:
         super().validate()

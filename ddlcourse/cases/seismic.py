@@ -19,8 +19,12 @@ sizes of the ``lab_seismic`` scale section, all in :class:`Config`):
 Gradients. Each rank processes its cubes (its slabs of them) one at a time and accumulates gradients of
 ``loss_r = sum of its voxels' cross-entropy / (voxels per cube * global_batch)``: summed over all ranks,
 ``loss_r`` is the mean loss of the global batch. Every rank then scales by ``world_size`` and takes the mean
-over ranks (one allreduce, the rule of notebook 03), which gives the serial gradient of the global batch
-for any split into data-parallel groups and spatial slabs.
+over ranks (the rule of notebook 03), which gives the serial gradient of the global batch for any split into
+data-parallel groups and spatial slabs. ``backend`` picks how that mean is taken, over every rank of the run
+(each holds the whole model): ``allreduce``, one allreduce per tensor once the step's cubes are done;
+``ddp``, DistributedDataParallel, which skips the synchronisation on all but the step's last backward
+(``no_sync``) and all-reduces its buckets while that backward runs; ``horovod``, Horovod's allreduce of each
+tensor, started for all of them at once so that its background thread fuses them.
 
 Data order. The global batch ``k`` of an epoch is a block of consecutive volumes (chunks); rank ``r`` of
 the data-parallel groups uses the volumes of the block that it owns (``chunk % n_dp == r``), so the global
@@ -28,7 +32,8 @@ batch is the same for any number of ranks, and the loss trajectory too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -36,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ddlcourse import dist, memory, metrics, training
+from ddlcourse.training import setting
 from ddlcourse.data import seismic as data
 from ddlcourse.models import seismic as models
 from ddlcourse.parallel import data_parallel
@@ -56,41 +62,36 @@ class Config(training.CaseConfig):
 
     CASE: ClassVar[str] = "seismic"
     SECTION: ClassVar[str] = "lab_seismic"
-    volume: list[int]                  # (depth, x, y) of a generated volume
-    cube: list[int]                    # (depth, x, y) of a training cube
-    spatial_cube: list[int]            # a cube past one rank's budget (the lab's spatial runs)
-    cubes_per_volume: int
-    n_volumes: int
-    n_test: int
-    global_batch: int                  # cubes per step
-    width: int
-    levels: int
-    epochs: int
-    lr: float
-    memory_budget_mb: float = 0.0      # activation MB one rank may use for one cube (its slab); 0 = no limit
-    memory_edges: list[int] = field(default_factory=list)
-    scaling_epochs: int = 1
-    model: str = "3d"                  # 2d: U-Net on inline sections; 3d: U-Net on cubes
-    spatial: int = 1                   # ranks that split one cube's depth (3d only)
-    return_example: bool = False       # rank 0 returns one test volume with its prediction
+    volume: list[int] = setting(min=1, help="(depth, x, y) of a generated volume")
+    cube: list[int] = setting(min=1, help="(depth, x, y) of a training cube")
+    spatial_cube: list[int] = setting(min=1, help="a cube past one rank's budget (the lab's spatial runs)")
+    cubes_per_volume: int = setting(min=1, help="training cubes cut from each volume")
+    n_volumes: int = setting(min=1, help="training volumes")
+    n_test: int = setting(min=1, help="held-out volumes")
+    global_batch: int = setting(min=1, help="cubes per step, over all ranks")
+    width: int = setting(min=1, help="channels of the U-Net's first level")
+    levels: int = setting(min=1, help="levels of the U-Net")
+    epochs: int = setting(min=1, help="passes over the training cubes")
+    lr: float = setting(above=0, help="Adam's learning rate")
+    memory_budget_mb: float = setting(0.0, min=0, help="activation MB one rank may use for one cube (its slab); "
+                                                       "0: no limit")
+    memory_edges: list[int] = setting(default_factory=list, min=1, help="cube edges of the lab's memory curve")
+    scaling_epochs: int = setting(1, min=1, help="epochs of the lab's scaling runs")
+    model: str = setting("3d", choices=MODELS, help="2d: U-Net on inline sections; 3d: U-Net on cubes")
+    spatial: int = setting(1, min=1, help="ranks that split one cube's depth (3d only)")
+    return_example: bool = setting(False, help="rank 0 returns one test volume with its prediction")
 
     def validate(self) -> None:
         super().validate()
-        if self.model not in MODELS:
-            raise training.ConfigError(f"unknown model {self.model!r}; choose '2d' (sections) or '3d' (cubes)")
         for k in ("volume", "cube", "spatial_cube"):
             v = getattr(self, k)
-            if len(v) != 3 or min(v) < 1:
+            if len(v) != 3:
                 raise training.ConfigError(f"{k}={v}: expected three sizes (depth, x, y) >= 1")
         s = self.spatial
-        if s < 1:
-            raise training.ConfigError(f"spatial={s}: must be >= 1")
         if s > 1 and self.model != "3d":
             raise training.ConfigError("spatial parallelism splits a cube's depth: use it with model='3d'")
         if self.ranks is not None and self.ranks % s:
             raise training.ConfigError(f"spatial={s} must divide the number of ranks ({self.ranks})")
-        if self.memory_budget_mb < 0:
-            raise training.ConfigError(f"memory_budget_mb={self.memory_budget_mb}: must be >= 0 (0 = no limit)")
         if self.global_batch % self.cubes_per_volume:
             raise training.ConfigError(f"global_batch={self.global_batch} must be a multiple of cubes_per_volume="
                                        f"{self.cubes_per_volume}")
@@ -173,26 +174,36 @@ def predicted_activation_mb(cfg, spatial: int | None = None) -> float:
 
 
 def average_gradients(model, ctx) -> None:
-    """Mean of the gradients over the run's ranks: one allreduce per tensor (notebook 03)."""
-    if ctx.world_size == 1:
+    """Mean of the gradients over the run's ranks once the step's cubes are done (backends allreduce and horovod;
+    DDP takes its mean during the step's last backward)."""
+    if ctx.world_size == 1 or ctx.backend == "ddp":
         return
     if ctx.backend == "horovod":
         import horovod.torch as hvd     # lazy: Horovod is optional (only this backend needs it)
-        for i, p in enumerate(model.parameters()):
-            if p.grad is not None:
-                p.grad.copy_(hvd.allreduce(p.grad, op=hvd.Average, name=f"seismic.grad.{i}"))
+        handles = [hvd.allreduce_async_(p.grad, op=hvd.Average, name=f"seismic.grad.{i}")
+                   for i, p in enumerate(model.parameters()) if p.grad is not None]
+        for h in handles:               # started together: Horovod's thread fuses them into few messages
+            hvd.synchronize(h)
         return
-    data_parallel.average_gradients(model, group=ctx.group)
+    data_parallel.average_gradients(model, group=ctx.group)   # one allreduce per tensor (notebook 03)
+
+
+def no_sync(model, last: bool):
+    """DDP's ``no_sync`` for every backward of a step but the last (gradients accumulate locally); nothing to do
+    for a model that is not DDP, whose gradients are averaged after the step's cubes."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def load_cubes(cfg: Config, ctx) -> dict:
     """This data-parallel group's training cubes; the spatial ranks of a group share them (the first makes them)."""
-    m, cubes = ctx.mesh, None
+    g, cubes = ctx.grid, None
     for turn in (0, 1):                                   # the group's first rank makes them, the others load
-        if (m.mp_rank == 0) == (turn == 0):
+        if (g.coord("mp") == 0) == (turn == 0):
             cubes = data.training_cubes(cfg.n_volumes, cfg.volume, cfg.cube, cfg.cubes_per_volume, cfg.seed,
-                                        rank=m.dp_rank, world_size=m.dp)
-        if m.mp > 1:
+                                        rank=g.coord("dp"), world_size=ctx.dp)
+        if ctx.mp > 1:
             ctx.barrier()
     return cubes
 
@@ -209,7 +220,8 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
     ctx = training.setup(cfg, mesh=(None, s), progress_file=progress_file)
     if ctx is None:
         return None
-    n_dp, dp_rank, group = ctx.mesh.dp, ctx.mesh.dp_rank, ctx.mesh.mp_group
+    n_dp, dp_rank = ctx.dp, ctx.grid.coord("dp")
+    group = ctx.grid.group("mp") if s > 1 else None       # the ranks that split one cube (none: a whole cube)
     cubes = load_cubes(cfg, ctx)
     vols_per_batch = cfg.global_batch // cfg.cubes_per_volume
     n_batches = cfg.n_volumes // vols_per_batch
@@ -224,6 +236,9 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
     ckpt = ctx.checkpointer(CASE, stage=cfg.model, epochs=cfg.epochs)   # results/seismic/ckpt/<run>/<2d|3d>
     start_epoch, state = ckpt.load(model, opt)
     history = list(state.get("history", []))
+    net = model                                           # the model itself, for evaluation
+    if ctx.backend == "ddp":                              # every rank holds the whole model: average over the run
+        model, opt = ctx.wrap(model, opt, over="run")
 
     voxels = int(np.prod(cfg.cube))
     depth_dim = 2                                         # (batch, C, depth, ...) for both models
@@ -238,14 +253,15 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
                 mine = np.flatnonzero(np.isin(cubes["chunk"], [v for v in block if v % n_dp == dp_rank]))
                 opt.zero_grad(set_to_none=True)
                 loss_sum = torch.zeros((), device=ctx.device)
-                for i in mine:                            # one cube (its slab) at a time: memory of one cube
+                for j, i in enumerate(mine):              # one cube (its slab) at a time: memory of one cube
                     # cut the slab on the host, then move only the slab to the device
                     x = ctx.to(slab(model_input(cfg, cubes["seismic"][i]), group, depth_dim))
                     y = ctx.to(slab(model_target(cfg, cubes["labels"][i]), group, 1))
-                    with memory.SavedTensors(skip=model.parameters()) as mem:
-                        loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
+                    with no_sync(model, last=j == len(mine) - 1):   # DDP: forward and backward inside it
+                        with memory.SavedTensors(skip=model.parameters()) as mem:
+                            loss = F.cross_entropy(model(x), y, reduction="sum") / (voxels * cfg.global_batch)
+                        (loss * ctx.world_size).backward()    # the mean over ranks undoes the factor
                     activation_mb = max(activation_mb, mem.mb)
-                    (loss * ctx.world_size).backward()    # the mean over ranks below undoes the factor
                     loss_sum += loss.detach()
                 average_gradients(model, ctx)
                 opt.step()
@@ -256,7 +272,7 @@ def train(cfg: Config, progress_file: str | None = None, halo_exchange=None) -> 
         ckpt.save(epoch + 1, model, opt, history=history)
     bar.close()
 
-    result = evaluate(model, cfg, ctx, cubes)
+    result = evaluate(net, cfg, ctx, cubes)
     result.update(history=history, seconds=ctx.max(seconds), samples=samples, world_size=ctx.world_size,
                   spatial=s, model=cfg.model, cube=list(cfg.cube), device=str(ctx.device),
                   activation_mb=ctx.max(activation_mb), predicted_activation_mb=need_mb,
@@ -274,7 +290,7 @@ def evaluate(model, cfg, ctx, cubes) -> dict:
                              world_size=ctx.world_size)
     n = data.N_FACIES
     # majority class of the training data, counted over every data-parallel group's cubes (once per group)
-    counts = np.bincount(cubes["labels"].ravel(), minlength=n) if ctx.mesh.mp_rank == 0 else np.zeros(n)
+    counts = np.bincount(cubes["labels"].ravel(), minlength=n) if ctx.grid.coord("mp") == 0 else np.zeros(n)
     majority = int(np.argmax(ctx.sum(counts)))
     cm = np.zeros((n, n), np.int64)
     cm_base = np.zeros((n, n), np.int64)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ddlcourse import metrics, training
+from ddlcourse.training import setting
 from ddlcourse.data import topology as data
 from ddlcourse.models.topology import UNet, n_parameters
 from ddlcourse.optim import OPTIMIZERS, make_optimizer, scaled_lr, with_warmup
@@ -40,42 +41,37 @@ class Config(training.CaseConfig):
 
     CASE: ClassVar[str] = CASE
     SECTION: ClassVar[str] = "topology"
-    MIN_EPOCHS: ClassVar[int] = 0     # epochs=0: evaluate the weights of init_from (zero-shot transfer)
     # data
-    ny: int
-    nx: int
-    n_train: int
-    n_val: int
-    chunk_size: int
-    maxloop: int
-    resolution: int = 1               # grid multiplier (2 = the fine grid of the resolution transfer)
-    train_seed: int = 1               # data seeds: train and validation sets never overlap
-    val_seed: int = 2
+    ny: int = setting(min=1, help="grid cells down the design domain")
+    nx: int = setting(min=1, help="grid cells across the design domain")
+    n_train: int = setting(min=1, help="training designs")
+    n_val: int = setting(min=1, help="validation designs")
+    chunk_size: int = setting(min=1, help="designs per chunk (the unit of the data cache)")
+    maxloop: int = setting(min=1, help="SIMP iterations per design")
+    resolution: int = setting(1, min=1, help="grid multiplier (2: the fine grid of the resolution transfer)")
+    train_seed: int = setting(1, min=0, help="seed of the training designs")
+    val_seed: int = setting(2, min=0, help="seed of the validation designs (never overlaps the training ones)")
     # model and optimisation
-    width: int
-    depth: int
-    optimizer: str = "adam"
-    lr: float
-    lr_rule: str = "none"             # scale lr with global_batch / base_batch: none | linear | sqrt
-    base_batch: int                   # default: the scale's global batch
-    warmup_steps: int = 0
-    global_batch: int
-    epochs: int
-    target_loss: float                # for "steps to target loss"
+    width: int = setting(min=1, help="channels of the U-Net's first level")
+    depth: int = setting(min=1, help="levels of the U-Net")
+    optimizer: str = setting("adam", help=f"one of {', '.join(OPTIMIZERS)}")
+    lr: float = setting(above=0, help="the learning rate at base_batch")
+    lr_rule: str = setting("none", choices=LR_RULES, help="scale lr with global_batch / base_batch")
+    base_batch: int = setting(min=1, help="the batch lr is given for (default: the scale's global batch)")
+    warmup_steps: int = setting(0, min=0, help="steps of linear warmup")
+    global_batch: int = setting(min=1, help="designs per step, over all ranks")
+    epochs: int = setting(min=0, help="passes over the training set (0: evaluate the weights of init_from)")
+    target_loss: float = setting(above=0, help="the loss of 'steps to target loss'")
     # run control
-    init_from: str | None = None      # start from the weights of another run (fine-tuning)
-    physics_metric: bool = True
-    max_physics: int = 64             # at most this many validation designs are re-solved
-    use_cache: bool = True
+    init_from: str | None = setting(None, help="start from the weights of another run (fine-tuning)")
+    physics_metric: bool = setting(True, help="re-solve validation designs to score their compliance")
+    max_physics: int = setting(64, min=0, help="at most this many validation designs are re-solved")
+    use_cache: bool = setting(True, help="keep the solved designs on disk")
 
     def validate(self) -> None:
         super().validate()
         if self.optimizer.lower() not in OPTIMIZERS:
             raise training.ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.lr_rule not in LR_RULES:
-            raise training.ConfigError(f"unknown lr_rule {self.lr_rule!r}; choose one of {', '.join(LR_RULES)}")
-        if self.resolution < 1:
-            raise training.ConfigError(f"resolution={self.resolution}: must be >= 1")
         f = 2 ** self.depth
         if self.ny % f or self.nx % f:
             raise training.ConfigError(f"grid {self.ny}x{self.nx} must be divisible by 2**depth = {f}")

@@ -132,7 +132,7 @@ def state_consistency(name: str = "lamb", steps: int = 3, perturb: bool = False,
     """
     from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
 
-    info = dist.init(horovod=False)
+    info = dist.init()
     device = rank_device(device)
     X, y = teacher_classification(256, dim=8, n_classes=4, seed=seed)
     X, y = X.to(device), y.to(device)

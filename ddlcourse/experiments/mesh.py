@@ -31,7 +31,7 @@ def hybrid_compare_with_serial(dp: int, tp: int, global_batch: int = 16, dim: in
     Everything lives on ``device`` (default: this rank's, ``dist.init().device``).
     Returns the largest differences of the loss and of this rank's weight-gradient slices, and its coordinates.
     """
-    dist.init(horovod=False)
+    dist.init()
     device = rank_device(device)
     if dp * tp != tdist.get_world_size():
         raise ValueError(f"dp * tp = {dp} * {tp} must equal the world size {tdist.get_world_size()}")

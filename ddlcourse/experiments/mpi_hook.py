@@ -23,7 +23,7 @@ def compare_hooks(steps: int = 4, global_batch: int = 32, hidden: int = 64, time
     from mpi4py import MPI
 
 
-    dist.init(horovod=False)
+    dist.init()
     device = rank_device(device)
     world, r = tdist.get_world_size(group), tdist.get_rank(group)
     X, y = teacher_classification(4 * global_batch, dim=16, n_classes=4, seed=2)

@@ -88,7 +88,7 @@ def _resolve(events: list, clock: _ChunkClock, t0: float) -> list:
 
 def _setup(schedule, num_micro_batches, micro_batch, dim, layers_per_rank, group, seed):
     """This rank's stage modules and schedule, the serial model, and one global batch (same on every rank)."""
-    info = dist.init(horovod=False)
+    info = dist.init()
     cls, v, _ = _spec(schedule)
     if layers_per_rank < v or layers_per_rank % v:
         raise ValueError(f"{schedule} puts {v} stages on each rank: layers_per_rank must be a multiple of {v}, "

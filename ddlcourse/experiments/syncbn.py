@@ -50,7 +50,7 @@ def bn_experiment(mode: str, global_batch: int, steps: int, n_train: int = 256, 
     """
     if mode not in BN_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(BN_MODES)}")
-    dist.init(horovod=False)
+    dist.init()
     device = rank_device(device)
     group, world, r = None, 1, 0
     if mode != "serial":
@@ -98,7 +98,7 @@ def compare_with_full_batch(channels: int = 5, spatial=(4, 4), seed: int = 0, de
     """
     import copy
 
-    dist.init(horovod=False)
+    dist.init()
     device = rank_device(device)
     r, n = dist.rank(), dist.world_size()
     sizes = [2 + k for k in range(n)]

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ddlcourse import dist
 from ddlcourse.parallel.mpi_hook import register_mpi_hook
 
 BACKENDS = ("allreduce", "ddp", "horovod")
@@ -72,6 +73,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, backend: str = "ddp
         import horovod.torch as hvd  # lazy: Horovod is optional (not every install builds it)
         if group is not None:
             raise ValueError("the horovod backend spans all ranks; use 'ddp' or 'allreduce' for a subgroup")
+        dist.init(horovod=True)      # idempotent: adds Horovod to the rank's setup if it is not there yet
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none

@@ -1,12 +1,14 @@
 """The one skeleton every case study (``ddlcourse.cases.<case>``) is built on. A case keeps only its science
-(data, model, metric, pictures, its ``Config`` and its ``train``); the rest lives here, one concern a module:
+(data, model, metric, pictures, its ``Config`` and its ``train``); the rest lives here, one concern a module.
 
-* :mod:`~ddlcourse.training.config`     -- settings: the ``CaseConfig`` dataclass, ``Config.make``, ``key=value``
-* :mod:`~ddlcourse.training.cli`        -- ``python -m ddlcourse run CASE ...`` and its ``--help``
-* :mod:`~ddlcourse.training.context`    -- ``setup``: one rank's run context, its grid of groups, device, timers
-* :mod:`~ddlcourse.training.checkpoint` -- atomic checkpoint files and the per-epoch checkpointer
-* :mod:`~ddlcourse.training.progress`   -- progress bars, and the notebook's ``run`` on the engines
-* :mod:`~ddlcourse.training.results`    -- ``results/<case>/`` and result files as JSON
+Modules
+-------
+config      settings: the ``CaseConfig`` dataclass, ``Config.make``, ``key=value``
+cli         ``python -m ddlcourse run CASE ...`` and its ``--help``
+context     ``setup``: one rank's run context, its grid of groups, device, timers
+checkpoint  atomic checkpoint files and the per-epoch checkpointer
+progress    progress bars, and the notebook's ``run`` on the engines (through ``MPICluster.run``)
+results     ``results/<case>/`` and result files as JSON
 
 A case declares its settings once, as a dataclass, and gets validated ``key=value`` overrides and the
 command line for free::
@@ -15,10 +17,10 @@ command line for free::
     class Config(training.CaseConfig):
         CASE: ClassVar[str] = "maize"              # results/maize/, messages "unknown maize setting ..."
         SECTION: ClassVar[str] = "lab_maize"       # sizes from config.sizes(SECTION, scale)
-        n_train: int                                # filled from the scale profile
-        epochs: int
-        lr: float
-        syncbn: bool = True                         # a run option of this case
+        n_train: int = setting(min=1, help="training samples")     # no default: the scale profile fills it
+        epochs: int = setting(min=1, help="passes over the data")
+        lr: float = setting(above=0, help="the learning rate")
+        syncbn: bool = setting(True, help="BatchNorm statistics of the global batch")   # a run option
 
         def validate(self):                         # the case's own checks (the base checks run first)
             super().validate()
@@ -28,8 +30,8 @@ command line for free::
 
 ``CaseConfig`` holds the run options every case shares: ``scale``, ``backend`` (one of :data:`BACKENDS`),
 ``ranks`` (the first k MPI ranks; None = all), ``seed``, ``run_name`` and ``fresh`` (False = resume from the
-last checkpoint). Values are coerced to the field's type and range-checked when the config is built
-(``epochs >= 1``, ``lr > 0``, batch sizes >= 1, ...): see :meth:`CaseConfig.validate`.
+last checkpoint). Each field declares its rule and its ``--help`` text with :func:`setting`; every value is
+converted to the field's type, once, and checked when the config is built: see :meth:`CaseConfig.validate`.
 
 Inside ``train(cfg)``, on every rank (ipyparallel engine, ``mpiexec`` or ``srun``)::
 
@@ -56,8 +58,8 @@ Inside ``train(cfg)``, on every rank (ipyparallel engine, ``mpiexec`` or ``srun`
 ``mesh=(dp, mp)``: the run's ranks as a grid ``arange(n).view(dp, mp)`` (``dp=None``: n // mp). Rows are
 model-parallel groups of neighbouring ranks (one replica), columns data-parallel groups. The torch groups
 and mpi4py communicators are built once per grid (every rank of the world takes part, in the same order)
-and reused by every later run: ``ctx.mesh`` has ``dp, mp, dp_rank, mp_rank, dp_group, mp_group, dp_comm,
-mp_comm, dp_ranks, mp_ranks``.
+and reused by every later run: ``ctx.grid`` is the run's :class:`ddlcourse.grid.Grid` (``coord("dp")``,
+``group("mp")``, ``comm("dp")``, ``ranks("mp")``, ...), and ``ctx.dp``, ``ctx.mp`` its sizes.
 
 Command line (one for every case; ``--help`` after the case lists its settings at ``--scale``)::
 
@@ -73,16 +75,17 @@ from ddlcourse.training.checkpoint import (FRESH_ADVICE, Checkpointer, Checkpoin
                                            atomic_save, load_into)
 from ddlcourse.training.cli import RunArgs, case_cli, parse_args, settings_help, usage
 from ddlcourse.training.config import (BACKENDS, CaseConfig, ConfigError, check_backend, check_scale, coerce,
-                                       make_config, parse_overrides, type_name, unknown_settings)
-from ddlcourse.training.context import Mesh, RunContext, Timer, _mesh_shape, grid, seed_epoch, setup
+                                       make_config, parse_overrides, setting, type_name, unknown_settings)
+from ddlcourse.training.context import (RunContext, Timer, _mesh_shape, check_split_model, grid, seed_epoch,
+                                        setup)
 from ddlcourse.training.progress import Progress, run, scaling_experiment
 from ddlcourse.training.results import repo_root, results_dir, run_dir, summary, to_json, write_text_atomic
 
 __all__ = [
     "BACKENDS", "CaseConfig", "ConfigError", "check_backend", "check_scale", "coerce", "make_config",
-    "parse_overrides", "type_name", "unknown_settings",
+    "parse_overrides", "setting", "type_name", "unknown_settings",
     "RunArgs", "case_cli", "parse_args", "settings_help", "usage",
-    "Mesh", "RunContext", "Timer", "grid", "seed_epoch", "setup",
+    "RunContext", "Timer", "check_split_model", "grid", "seed_epoch", "setup",
     "FRESH_ADVICE", "Checkpointer", "CheckpointError", "RunCheckpointer", "atomic_save", "load_into",
     "Progress", "run", "scaling_experiment",
     "repo_root", "results_dir", "run_dir", "summary", "to_json", "write_text_atomic",

@@ -130,18 +130,19 @@ def _example(cfg) -> str:
 
 
 def settings_help(mod, cfg) -> str:
-    """``python -m ddlcourse run CASE --help``: every setting, its type and its value in ``cfg``."""
+    """``python -m ddlcourse run CASE --help``: every setting, its type, its value in ``cfg`` and what it does."""
     case, types = cfg.CASE, cfg.types()
     doc = (mod.__doc__ or "").strip().splitlines()
-    rows = [(k, type_name(types[k]), cli_value(getattr(cfg, k))) for k in cfg.settings()]
-    wk, wt = max(len(r[0]) for r in rows + [("setting", "", "")]), max(len(r[1]) for r in rows)
+    rows = [(k, type_name(types[k]), cli_value(getattr(cfg, k)), cfg.help_of(k)) for k in cfg.settings()]
+    wk, wt = max(len(r[0]) for r in rows + [("setting", "", "", "")]), max(len(r[1]) for r in rows)
+    wv = min(max(len(r[2]) for r in rows + [("", "", "value", "")]), 16)
     return "\n".join([
         f"usage: {PROG} {case} [--scale S] [--backend B] [--fresh] [key=value ...]", "",
         *(doc[:1] + [""] if doc else []), *_options(), "",
         f"settings at scale {cfg.scale}; set any of them with key=value, "
         f"e.g. {PROG} {case} --scale {cfg.scale} {_example(cfg)}",
-        f"  {'setting':<{wk}}  {'type':<{wt}}  value",
-        *(f"  {k:<{wk}}  {t:<{wt}}  {v}" for k, t, v in rows)])
+        f"  {'setting':<{wk}}  {'type':<{wt}}  {'value':<{wv}}  what it is",
+        *(f"  {k:<{wk}}  {t:<{wt}}  {v:<{wv}}  {h}".rstrip() for k, t, v, h in rows)])
 
 
 # --------------------------------------------------------------------------- running a case

@@ -112,10 +112,35 @@ def coerce(name: str, value, tp):
     return value                                   # any other annotation: taken as given
 
 
-def _positive_int(name: str) -> bool:
-    """Settings that count things and must be >= 1 (by the course's naming)."""
-    return (name in ("per_chunk", "chunk_size", "width", "depth", "levels")
-            or name.endswith(("batch", "batches")) or name.startswith("n_"))
+def setting(default=dataclasses.MISSING, *, help: str = "", min=None, above=None, choices=None,
+            default_factory=dataclasses.MISSING):
+    """A case's setting, declared with its rule and its ``--help`` text::
+
+        epochs: int = setting(min=1, help="passes over the training set")       # no default: the scale gives it
+        lr: float = setting(above=0, help="Adam's learning rate")
+        model: str = setting("3d", choices=("2d", "3d"), help="U-Net on sections or on cubes")
+
+    ``min``: the value (each element of a list) must be ``>= min``; ``above``: ``> above``; ``choices``: one of
+    them. None passes every rule (a setting whose type allows None means "off"). The rules are checked whenever a
+    config is built (:meth:`CaseConfig.validate`); ``python -m ddlcourse run CASE --help`` shows ``help``."""
+    meta = {"help": help, "min": min, "above": above, "choices": tuple(choices) if choices else None}
+    return field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def _rule_error(name: str, value, meta) -> str | None:
+    """What is wrong with ``value`` by the rules of its field (``meta``), or None."""
+    if value is None:
+        return None
+    if meta.get("choices") and value not in meta["choices"]:
+        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, meta['choices']))}"
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if meta.get("min") is not None and v < meta["min"]:
+            return f"{name}={value}: must be >= {meta['min']}"
+        if meta.get("above") is not None and v <= meta["above"]:
+            return f"{name}={value}: must be > {meta['above']}"
+    return None
 
 
 @dataclass(kw_only=True)
@@ -129,16 +154,18 @@ class CaseConfig:
 
     CASE: ClassVar[str] = "case"
     SECTION: ClassVar[str | None] = None
-    MIN_EPOCHS: ClassVar[int] = 1                  # a case may allow 0 (evaluate only)
 
-    scale: str = field(default_factory=lambda: scales.get_scale())
-    backend: str = "ddp"                           # one of BACKENDS
-    ranks: int | None = None                       # the first `ranks` MPI ranks (scaling in one cluster); None = all
-    seed: int = 0
-    run_name: str = "default"                      # checkpoints and results are kept per run name
-    fresh: bool = False                            # True: clear this run's checkpoints and start at epoch 0
+    scale: str = setting(default_factory=lambda: scales.get_scale(), help="the scale profile the sizes come from")
+    backend: str = setting("ddp", help=f"how gradients are averaged: {', '.join(BACKENDS)}")
+    ranks: int | None = setting(None, min=1, help="train on the first `ranks` MPI ranks (scaling in one cluster); "
+                                                  "none: all of them")
+    seed: int = setting(0, min=0, help="the seed of the model, the data order and the data")
+    run_name: str = setting("default", help="checkpoints and results are kept per run name")
+    fresh: bool = setting(False, help="clear this run's checkpoints and start at epoch 0")
 
     def __post_init__(self):
+        # The one conversion of every value, whatever the way in (make, the constructor, dataclasses.replace, the
+        # command line's strings): to the field's type, then the rules.
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             if f.init:
@@ -146,27 +173,21 @@ class CaseConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Range checks by name; a case extends this (call ``super().validate()``) with its own rules."""
+        """The rules declared on the fields (:func:`setting`), and those of every case; a case extends this
+        (call ``super().validate()``) with the rules that tie settings together."""
         self.scale = check_scale(self.scale)
         check_backend(self.backend)
-        if self.ranks is not None and self.ranks < 1:
-            raise ConfigError(f"ranks={self.ranks}: must be >= 1 (or None for all ranks)")
-        if self.seed < 0:
-            raise ConfigError(f"seed={self.seed}: must be >= 0")
         if not self.run_name or any(c in self.run_name for c in "/\\") or self.run_name.startswith("."):
             raise ConfigError(f"run_name={self.run_name!r}: must be a plain folder name (no '/', not starting with '.')")
         for f in dataclasses.fields(self):
-            v, k = getattr(self, f.name), f.name
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            if (k == "epochs" or k.endswith("_epochs")) and v < self.MIN_EPOCHS:
-                raise ConfigError(f"{k}={v}: must be >= {self.MIN_EPOCHS}")
-            if (k == "lr" or k.endswith("_lr")) and v <= 0:
-                raise ConfigError(f"{k}={v}: the learning rate must be > 0")
-            if _positive_int(k) and v < 1:
-                raise ConfigError(f"{k}={v}: must be >= 1")
-            if k.endswith("_steps") and v < 0:
-                raise ConfigError(f"{k}={v}: must be >= 0")
+            problem = _rule_error(f.name, getattr(self, f.name), f.metadata)
+            if problem:
+                raise ConfigError(problem)
+
+    @classmethod
+    def help_of(cls, name: str) -> str:
+        """The ``--help`` text of setting ``name``."""
+        return next(f.metadata.get("help", "") for f in dataclasses.fields(cls) if f.name == name)
 
     @classmethod
     def settings(cls) -> list[str]:
@@ -225,15 +246,16 @@ def make_config(cls, section: str | None = None, scale: str | None = None, /, **
 
 
 def parse_overrides(cls, items: list[str]) -> dict:
-    """``["epochs=3", "lr=1e-3"]`` -> ``{"epochs": 3, "lr": 0.001}``, typed by the fields of ``cls``."""
-    types_ = cls.types()
+    """``["epochs=3", "lr=1e-3"]`` -> ``{"epochs": "3", "lr": "1e-3"}``: the words of the command line, split and
+    checked against the settings of ``cls``; the config converts them (once, with every other value)."""
+    names = set(cls.settings())
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ConfigError(f"expected key=value, got {item!r} (e.g. epochs=3)")
-        if key not in types_:
+        if key not in names:
             raise unknown_settings(cls, [key])
-        out[key] = coerce(key, value, types_[key])
+        out[key] = value
     return out

@@ -1,4 +1,4 @@
-"""One rank's view of a run: the ``dp x mp`` grid of its ranks and their groups, its device, clock,
+"""One rank's view of a run: the ``dp x mp`` grid of its ranks (a :class:`ddlcourse.grid.Grid`), its device, clock,
 reductions, data shares, seeds, checkpoints and result file. :func:`setup` makes it, on every rank.
 """
 from __future__ import annotations
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 
 from ddlcourse import dist, sharding
 from ddlcourse import grid as grids
@@ -22,43 +21,16 @@ from ddlcourse.training.results import results_dir, to_json, write_text_atomic
 
 
 # --------------------------------------------------------------------------- process groups: one grid, built once
-@dataclass
-class Mesh:
-    """This rank's place in the run's ``dp x mp`` grid, and the groups along both axes."""
-
-    dp: int
-    mp: int
-    dp_rank: int              # which replica (row of the grid)
-    mp_rank: int              # which part of the replica (column)
-    dp_group: object = None   # torch group: the same part of every replica (gradients are averaged here)
-    mp_group: object = None   # torch group: the parts of one replica (None when mp == 1)
-    dp_comm: object = None    # mpi4py communicators of the same ranks
-    mp_comm: object = None
-
-    @property
-    def dp_ranks(self) -> list[int]:
-        return [i * self.mp + self.mp_rank for i in range(self.dp)]
-
-    @property
-    def mp_ranks(self) -> list[int]:
-        return [self.dp_rank * self.mp + j for j in range(self.mp)]
-
-
-def grid(n: int, dp: int, mp: int, comm, run_group) -> Mesh | None:
-    """This rank's place in ``arange(n).view(dp, mp)`` over the first ``n`` ranks (collective over the world).
-
-    The groups come from :mod:`ddlcourse.grid`, which builds each rank line once per ``torch.distributed``
-    world. ``comm``/``run_group``: the run's mpi4py communicator and torch group (None on ranks outside the
-    run); with ``mp == 1`` the one dp line is the run itself, so they are its groups.
+def grid(n: int, dp: int, mp: int) -> grids.Grid | None:
+    """This rank's place in ``arange(n).view(dp, mp)`` over the first ``n`` ranks, with the torch groups along the
+    axes made (collective over the world: every rank calls it, and :mod:`ddlcourse.grid` makes each line once per
+    ``torch.distributed`` world); None on ranks outside the run. The ``mp`` lines are made only when ``mp > 1``.
     """
-    r = tdist.get_rank() if tdist.is_initialized() else 0
-    if mp == 1:
-        return Mesh(dp, 1, r, 0, dp_group=run_group, dp_comm=comm) if r < n else None
     g = grids.build(first=n, dp=dp, mp=mp)
-    dp_group, mp_group = g.group("dp"), g.group("mp")  # collective: every rank of the world, in the same order
-    if not g.inside:
-        return None
-    return Mesh(dp, mp, g.coord("dp"), g.coord("mp"), dp_group, mp_group, g.comm("dp"), g.comm("mp"))
+    g.group("dp")
+    if mp > 1:
+        g.group("mp")
+    return g if g.inside else None
 
 
 # --------------------------------------------------------------------------- run context
@@ -88,13 +60,23 @@ class RunContext:
     comm: object                 # mpi4py communicator of the participating ranks
     group: object = None         # torch.distributed group (None = the whole world)
     progress_file: str | None = None
-    mesh: Mesh | None = None
+    grid: grids.Grid | None = None  # the run's dp x mp grid: coord("dp"), group("mp"), comm("dp"), ...
     cfg: CaseConfig | None = None
     _t0: float = field(default_factory=time.perf_counter)
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp(self) -> int:
+        """Replicas of the model: the grid's rows (the run's ranks without a grid)."""
+        return self.grid.size("dp") if self.grid else self.world_size
+
+    @property
+    def mp(self) -> int:
+        """Ranks that share one replica (1 without a grid)."""
+        return self.grid.size("mp") if self.grid else 1
 
     def log(self, *msg) -> None:
         """Print on rank 0 only."""
@@ -170,7 +152,7 @@ class RunContext:
 
         Shares go by data-parallel rank: the ``mp`` ranks of one replica get the same indices.
         """
-        dp, dp_rank = (self.mesh.dp, self.mesh.dp_rank) if self.mesh else (self.world_size, self.rank)
+        dp, dp_rank = (self.dp, self.grid.coord("dp")) if self.grid else (self.world_size, self.rank)
         seed = (self.cfg.seed if self.cfg is not None else 0) if seed is None else seed
         return sharding.sharded_batches(n, global_batch, dp_rank, dp, epoch, seed, shuffle, drop_last)
 
@@ -190,9 +172,10 @@ class RunContext:
             folder = folder / stage
         label = f"{case}/{stage}" if stage else case
         writer = None
-        if self.mesh is not None and self.mesh.mp > 1:
-            folder, label = folder / f"part{self.mesh.mp_rank}", f"{label}/part{self.mesh.mp_rank}"
-            writer = self.mesh.dp_rank == 0
+        if self.mp > 1:
+            part = self.grid.coord("mp")
+            folder, label = folder / f"part{part}", f"{label}/part{part}"
+            writer = self.grid.coord("dp") == 0
         ck = RunCheckpointer(folder, self, keep=keep, label=label, epochs=epochs, writer=writer)
         if self.cfg is not None and self.cfg.fresh:
             ck.clear()
@@ -206,21 +189,35 @@ class RunContext:
         return write_text_atomic(results_dir(case) / f"result-{name}.json", to_json(result))
 
     # ---- the model
-    def wrap(self, model, optimizer, **kwargs):
-        """Data-parallel model and optimizer for this run's backend, over the data-parallel ranks."""
+    def wrap(self, model, optimizer, over: str = "dp", **kwargs):
+        """Data-parallel model and optimizer for this run's backend.
+
+        ``over="dp"``: the gradients are averaged over the data-parallel ranks (a column of the grid); the ``mp``
+        ranks of a row hold different parts of the model (lab 4's views). ``over="run"``: over every rank of the
+        run; each rank holds the whole model and the ``mp`` ranks split the data of one sample (lab 2's spatial
+        slabs), so each contributes a part of every gradient."""
+        if over not in ("dp", "run"):
+            raise ValueError(f"over={over!r}: average over 'dp' (the data-parallel ranks) or 'run' (every rank)")
         wrong = {str(p.device) for p in model.parameters() if p.device != self.device}
         if wrong:
             raise RuntimeError(f"the model has parameters on {', '.join(sorted(wrong))} but this rank's device is "
                                f"{self.device}: build it with ctx.to(model) before making the optimizer")
-        dp = self.mesh.dp if self.mesh else self.world_size
-        if dp == 1:
+        split = over == "dp" and self.mp > 1
+        if (self.dp if split else self.world_size) == 1:
             return model, optimizer
-        if self.mesh and self.mesh.mp > 1 and self.backend == "horovod":
-            # Horovod averages over every rank; the mp ranks of a row hold different parts of the model
-            raise ConfigError("Horovod averages gradients over all ranks, but this run's model is split over "
-                              f"mp={self.mesh.mp} ranks: use backend='ddp', or average the gradients yourself")
-        group = self.mesh.dp_group if self.mesh and self.mesh.mp > 1 else self.group
+        if split:
+            check_split_model(self.backend, self.mp)
+        group = self.grid.group("dp") if split else self.group
         return data_parallel.wrap(model, optimizer, backend=self.backend, group=group, **kwargs)
+
+
+def check_split_model(backend: str, mp: int) -> None:
+    """The rule for a model split over the ``mp`` ranks of each replica (lab 4's views): Horovod averages gradients
+    over every rank, which would mix different parts of the model. A case calls it when its config is made (an
+    error before any work); :meth:`RunContext.wrap` calls it too, for a case that did not."""
+    if mp > 1 and backend == "horovod":
+        raise ConfigError(f"Horovod averages gradients over all ranks, but this run's model is split over mp={mp} "
+                          "ranks: use backend='ddp' (or allreduce), which average over the data-parallel ranks only")
 
 
 def _mesh_shape(mesh, n: int) -> tuple[int, int]:
@@ -234,18 +231,17 @@ def _mesh_shape(mesh, n: int) -> tuple[int, int]:
     return dp, mp
 
 
-def setup(cfg=None, mesh: tuple | None = None, *, progress_file: str | None = None, backend: str | None = None,
-          ranks: int | None = None, seed: int | None = None) -> RunContext | None:
+def setup(cfg: CaseConfig, mesh: tuple | None = None, *, progress_file: str | None = None) -> RunContext | None:
     """Initialise the run on this rank; ``None`` on ranks not taking part. Call it on every rank of the world.
 
-    ``cfg``: a :class:`CaseConfig` (its ``backend``, ``ranks`` and ``seed``). ``mesh=(dp, mp)`` lays the run's
-    ranks out as a grid (``dp=None``: ``n // mp``); default ``(n, 1)``, plain data parallelism. The older
-    form ``setup("ddp", ranks=k, seed=s)`` still works. The horovod backend always uses all ranks.
+    ``cfg``: the case's config (a :class:`CaseConfig`: its ``backend``, ``ranks`` and ``seed``). ``mesh=(dp,
+    mp)`` lays the run's ranks out as a grid (``dp=None``: ``n // mp``); default ``(n, 1)``, plain data
+    parallelism. The horovod backend always uses all ranks.
     """
-    if cfg is None or isinstance(cfg, str):
-        backend, cfg = cfg or backend or "ddp", None
-    else:
-        backend, ranks, seed = cfg.backend, cfg.ranks, cfg.seed
+    if not isinstance(cfg, CaseConfig):
+        raise TypeError(f"training.setup takes the case's config (a training.CaseConfig, made with Config.make), "
+                        f"not {type(cfg).__name__} {cfg!r}")
+    backend, ranks, seed = cfg.backend, cfg.ranks, cfg.seed
     check_backend(backend)
     info = dist.init(horovod=(backend == "horovod"))
     n = info.world_size if ranks is None else int(ranks)
@@ -256,12 +252,12 @@ def setup(cfg=None, mesh: tuple | None = None, *, progress_file: str | None = No
                           f"got ranks={n}. Use backend='ddp' to run on a subset of ranks")
     dp, mp = _mesh_shape(mesh, n)
     comm, group = dist.subgroup(n)                    # collective over the world, cached
-    m = grid(n, dp, mp, comm, None if n == info.world_size else group)   # collective too, cached
+    g = grid(n, dp, mp)                               # collective too, cached
     if comm is None:
         return None
     torch.manual_seed(dist.seed_for_rank(seed or 0, 0))   # the same initial model on every rank
     return RunContext(rank=info.rank, world_size=n, device=info.device, backend=backend, comm=comm,
-                      group=None if n == info.world_size else group, progress_file=progress_file, mesh=m, cfg=cfg)
+                      group=None if n == info.world_size else group, progress_file=progress_file, grid=g, cfg=cfg)
 
 
 def seed_epoch(seed: int, epoch: int, rank: int) -> int:
