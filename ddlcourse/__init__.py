@@ -58,7 +58,9 @@ tools: for instructors and sites; every tool is a command of python -m ddlcourse
 import atexit
 import gc
 import importlib.metadata as md
+import inspect
 import platform
+import textwrap
 
 from ddlcourse import config
 
@@ -89,3 +91,23 @@ def print_versions() -> None:
     v = versions()
     print("  ".join(f"{k} {val}" for k, val in v.items() if val is not None))
     print(f"scale profile: {config.get_scale()}  (set DDLCOURSE_SCALE=smoke|laptop|cluster)")
+
+
+def show(obj, start: str | None = None, stop: str | None = None) -> str:
+    """Print the real source of a function, class or module of the package (its lines from the first that contains
+    ``start`` to the first after it that contains ``stop``, both included), with their file and line numbers; a
+    notebook shows package code this way, never as a copy that could drift from it. Returns the lines printed."""
+    lines, first = inspect.getsourcelines(obj)
+    text = [line.rstrip("\n") for line in lines]
+    a = next((i for i, line in enumerate(text) if start in line), None) if start else 0
+    if a is None:
+        raise ValueError(f"no line of {getattr(obj, '__qualname__', obj)} contains {start!r}")
+    b = next((i for i, line in enumerate(text[a:], a) if stop in line), None) if stop else len(text) - 1
+    if b is None:
+        raise ValueError(f"no line of {getattr(obj, '__qualname__', obj)} after {start!r} contains {stop!r}")
+    where = inspect.getsourcefile(obj) or "?"
+    where = where[where.rfind("ddlcourse/"):] if "ddlcourse/" in where else where
+    body = textwrap.dedent("\n".join(text[a:b + 1]))
+    print(f"# {where}, lines {first + a}-{first + b}\n{body}")
+    return body
+

@@ -58,3 +58,14 @@ def test_an_unknown_command_lists_the_commands(capsys):
 def test_the_command_line_runs_as_a_module():
     p = subprocess.run([sys.executable, "-m", "ddlcourse", "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "bench-simp" in p.stdout and "srun-mpi" in p.stdout, p.stderr
+
+
+def test_show_prints_the_real_source_between_two_lines(capsys):
+    import ddlcourse
+    from ddlcourse.parallel import data_parallel as dp
+    body = ddlcourse.show(dp.wrap, 'if backend == "ddp"', "return ddp, optimizer")
+    out = capsys.readouterr().out
+    assert out.startswith("# ddlcourse/parallel/data_parallel.py, lines ") and body in out
+    assert body.splitlines()[0] == 'if backend == "ddp":' and body.splitlines()[-1] == "return ddp, optimizer"
+    with pytest.raises(ValueError, match="contains 'no such line'"):
+        ddlcourse.show(dp.wrap, "no such line")
