@@ -66,6 +66,6 @@ def test_show_prints_the_real_source_between_two_lines(capsys):
     body = ddlcourse.show(dp.wrap, 'if backend == "ddp"', "return ddp, optimizer")
     out = capsys.readouterr().out
     assert out.startswith("# ddlcourse/parallel/data_parallel.py, lines ") and body in out
-    assert body.splitlines()[0] == 'if backend == "ddp":' and body.splitlines()[-1] == "return ddp, optimizer"
+    assert body.splitlines()[0] == 'if backend == "ddp":' and body.splitlines()[-1].strip() == "return ddp, optimizer"
     with pytest.raises(ValueError, match="contains 'no such line'"):
         ddlcourse.show(dp.wrap, "no such line")
