@@ -197,14 +197,14 @@ def train(mode: str, steps: int = 30, lr: float = 0.5, n: int = 4096, dim: int =
         if scaler is None:
             loss.backward()
         else:
-            scaler.scale(loss).backward()
+            scaler.scale(loss).backward()        # NEW: loss x S, so every gradient x S (no underflow)
         zeros.append(float((last.grad == 0).float().mean()))
         if scaler is None:
             opt.step()
         else:
             scales.append(float(scaler.get_scale()))
-            scaler.step(opt)
-            scaler.update()
+            scaler.step(opt)                     # NEW: unscale in fp32; skip the step on inf/nan
+            scaler.update()                      # NEW: S x 2 after growth_interval clean steps, S / 2 on overflow
     return {"losses": losses, "zero_grad_fraction": zeros, "scales": scales}
 
 

@@ -128,7 +128,7 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
     tdist.barrier(group=group)
     model = make_model(hidden=hidden).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)   # momentum: optimizer state must be resumed too
-    start = load_latest(d, model, opt, device)
+    start = load_latest(d, model, opt, device)          # NEW: 0 on the first attempt
     ddp = DDP(model, process_group=group)
     if r == 0:
         _log(d, {"attempt": attempt, "resumed_from": start, "world_size": n, "time": time.time()})
@@ -149,8 +149,8 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
             _log(d, {"attempt": attempt, "step": done, "loss": losses[-1], "time": time.time()})
         if done % every == 0 or done == steps:
             if r == 0:
-                save_checkpoint(d, done, model, opt)
-            tdist.barrier(group=group)      # nobody runs ahead of a checkpoint that is not on disk yet
+                save_checkpoint(d, done, model, opt)     # NEW: rank 0 alone writes
+            tdist.barrier(group=group)      # NEW: nobody runs ahead of a checkpoint that is not on disk yet
         if kill_at is not None and done == kill_at and r == kill_rank and not (d / KILLED_MARKER).exists():
             (d / KILLED_MARKER).write_text(f"rank {r} killed itself after step {done}\n")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -166,11 +166,11 @@ def train_on_ranks(cfg: IntegrityConfig, mistake: str = "none", rank: int = 0, w
     # step 2-3: same initial weights everywhere; batch norm synchronised over the group unless that is the mistake
     model = build_model(cfg, group, sync=world_size > 1 and mistake != "per_rank_bn", device=device)
     if world_size > 1:
-        broadcast_parameters(model, group=group)
+        broadcast_parameters(model, group=group)   # NEW: the same initial weights on every rank
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     history, step = [], 0
     for epoch in range(cfg.epochs):
-        for idx in step_batches(cfg, mistake, rank, world_size, epoch):
+        for idx in step_batches(cfg, mistake, rank, world_size, epoch):   # NEW: my share of the batch
             for gr in opt.param_groups:
                 gr["lr"] = cfg.lr * warmup_factor(step, cfg.warmup_steps)
             mine = torch.as_tensor(idx, dtype=torch.long, device=device)
@@ -178,18 +178,18 @@ def train_on_ranks(cfg: IntegrityConfig, mistake: str = "none", rank: int = 0, w
             if cfg.aug_noise:
                 xb = xb + cfg.aug_noise * augmentation_noise(cfg, idx, epoch, step, mistake, device=device)
             per_sample = F.cross_entropy(model(xb), yb, reduction="none")      # (m_r,)
-            M = L.global_count(len(idx), group) if world_size > 1 else len(idx)   # global batch size
+            M = L.global_count(len(idx), group) if world_size > 1 else len(idx)   # NEW: the global batch
             if mistake in ("sum_grads", "mean_of_means"):
                 loss = L.naive_mean_loss(per_sample) if len(idx) else per_sample.sum()
             else:
-                loss = L.global_mean_loss(per_sample, M, world_size)
+                loss = L.global_mean_loss(per_sample, M, world_size)   # NEW: world_size * sum / M
             opt.zero_grad()
             loss.backward()
             if world_size > 1:                                                 # step 4: aggregate the gradients
                 if mistake == "sum_grads":
                     _sum_gradients(model, group)
                 else:
-                    average_gradients(model, group)
+                    average_gradients(model, group)   # NEW: mean over ranks
             opt.step()
             total = _allreduce_sum(per_sample.detach().sum().reshape(1).clone(), group, world_size)
             history.append(float(total.item()) / M)

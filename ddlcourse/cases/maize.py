@@ -210,16 +210,16 @@ def train_segmentation(cfg: Config, ctx, tr, bar, ddp=None) -> tuple[torch.nn.Mo
     start, hist = ck.load(model, opt)                                    # resume before wrapping
     hist = {"loss": list(hist.get("loss", [])), "seconds": float(hist.get("seconds", 0.0)),
             "samples": int(hist.get("samples", 0))}
-    model, opt = _wrap(model, opt, ctx, ddp)
+    model, opt = _wrap(model, opt, ctx, ddp)                           # NEW: broadcast + average gradients
     for epoch in range(start, cfg.seg_epochs):
         model.train()
-        for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed, epoch):
+        for idx in global_batches(tr["chunk"], cfg.per_chunk, cfg.seed, epoch):   # NEW: my share of each step
             with ctx.timer() as t:                                       # synchronised on a GPU
                 x, y = ctx.to((tr["x"][idx], tr["y"][idx]))              # (micro_batch, 3|4, H, W)
                 opt.zero_grad()
                 loss = seg_loss(model(x), y)
                 loss.backward()
-                _finish(model)
+                _finish(model)                                   # NEW: a learner's MyDDP waits here
                 opt.step()
             hist["seconds"] += t.seconds
             hist["samples"] += len(idx) * ctx.world_size
@@ -328,13 +328,13 @@ def train(cfg: Config, progress_file: str | None = None, ddp=None) -> dict | Non
 
     Rank 0 writes the plain numbers to ``results/maize/result-<run_name>.json``.
     """
-    ctx = training.setup(cfg, progress_file=progress_file)
+    ctx = training.setup(cfg, progress_file=progress_file)   # NEW: MPI, torch.distributed, Horovod (cfg.backend)
     if ctx is None:
         return None
     stages = cfg.stage_list
     t_start = ctx.now()
     s_tr = train_settings(cfg)
-    tr_arr = data.load(s_tr, ctx.rank, ctx.world_size)
+    tr_arr = data.load(s_tr, ctx.rank, ctx.world_size)              # NEW: this rank's chunks only
     tr_arr, n_chunks = field_of(tr_arr, cfg.field_chunks, -(-s_tr["n_items"] // s_tr["chunk_size"]))
     if n_chunks % ctx.world_size:
         raise ValueError(f"{n_chunks} data chunks do not split evenly over {ctx.world_size} ranks; "
