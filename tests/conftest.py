@@ -9,15 +9,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+# What the tests import lives in tests/helpers.py; ROOT and run_mpi are named here too for the modules that still
+# import them from conftest (tests/test_build_it.py).
+from helpers import ROOT, run_mpi
 
 
 def pytest_configure(config):
@@ -59,85 +57,8 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# ----------------------------------------------------------------------------- helpers for tests
-def _forkserver_socket() -> str | None:
-    """This process's rank fork server (ddlcourse/cluster/forkserver.py), started on first use; None if it will not.
-
-    DDLCOURSE_TEST_FORKSERVER=0 turns it off: every rank is then a fresh ``python -c``."""
-    import tempfile
-
-    from ddlcourse.cluster import forkserver
-
-    if os.environ.get("DDLCOURSE_TEST_FORKSERVER", "1") == "0":
-        return None
-    env = dict(os.environ, OMP_NUM_THREADS="1")   # run_mpi's ranks get -genv OMP_NUM_THREADS 1
-    env.pop("PYTHONUNBUFFERED", None)
-    return forkserver.shared(forkserver.PRELOAD, env, tempfile.gettempdir(), wait=120)
-
-
-def run_mpi(n: int, code: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` on ``n`` ranks with the venv's mpiexec; raise with output on failure.
-
-    Each rank is forked from this worker's fork server, which has imported torch once (ddlcourse/cluster/forkserver.py
-    says what it keeps and what it refuses); without one, it is a fresh ``python -c code``."""
-    from ddlcourse.cluster import forkserver
-    from ddlcourse.cluster import find_mpiexec
-
-    sock = _forkserver_socket()
-    rank = [sys.executable, "-c", code] if sock is None else forkserver.rank_command(sock, ["-c", code])
-    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1", *rank]
-    full_env = dict(os.environ, **(env or {}))
-    if "PYTHONUNBUFFERED" not in (env or {}):
-        # Unbuffered, print() writes its arguments one by one and the ranks' words interleave in mpiexec's
-        # stdout ("RESUMEDRESUMED 4 ..."); block-buffered, each rank's output leaves in whole writes.
-        full_env.pop("PYTHONUNBUFFERED", None)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
-    if p.returncode != 0:
-        raise AssertionError(f"mpiexec -n {n} failed ({p.returncode}):\nSTDOUT:\n{p.stdout[-4000:]}\nSTDERR:\n{p.stderr[-4000:]}")
-    return p
-
-
+# ----------------------------------------------------------------------------- fixtures
 @pytest.fixture
 def mpi():
+    """``run_mpi`` (tests/helpers.py), for a one-line script; a longer one is a module of tests/ranks/."""
     return run_mpi
-
-
-# The exercise checkers on real ranks (tests/test_exercises_nbNN.py): what every such script starts with ...
-_RANKS_PRELUDE = """
-from mpi4py import MPI
-from ddlcourse.selfcheck import run_checker
-RANK = MPI.COMM_WORLD.Get_rank()
-def reject(name, wrong, hint):
-    \"\"\"Every rank rejects ``wrong``, with a message that names the mistake.\"\"\"
-    v = run_checker(name, wrong)
-    assert not v.ok and hint in v.message, (RANK, hint, v.message)
-def reject_somewhere(name, wrong, hint):
-    \"\"\"A mistake may leave some ranks right (the last stage's gradient is right whatever the others do): it
-    must be caught on at least one rank, and named on every rank that catches it.\"\"\"
-    v = run_checker(name, wrong)
-    vs = MPI.COMM_WORLD.allgather((v.ok, v.message))
-    assert not all(ok for ok, _ in vs) and all(ok or hint in msg for ok, msg in vs), (hint, vs)
-"""
-# ... and ends with: one line from rank 0 once every rank got there, then the process group torn down.
-_RANKS_FOOTER = """
-oks = MPI.COMM_WORLD.gather(RANK)
-if RANK == 0:
-    print("checked on ranks", sorted(oks))
-import sys
-if "ddlcourse.dist" in sys.modules:
-    sys.modules["ddlcourse.dist"].shutdown()
-"""
-
-
-def check_on_ranks(n: int, body: str, **kwargs) -> subprocess.CompletedProcess:
-    """Run an exercise check ``body`` on ``n`` ranks; it passes only if every rank ran it to the end.
-
-    ``body`` may use ``run_checker``, ``reject``, ``reject_somewhere``, ``MPI`` and ``RANK``."""
-    p = run_mpi(n, _RANKS_PRELUDE + textwrap.dedent(body) + _RANKS_FOOTER, **kwargs)
-    assert f"checked on ranks {list(range(n))}" in p.stdout, p.stdout
-    return p
-
-
-@pytest.fixture
-def on_ranks():
-    return check_on_ranks

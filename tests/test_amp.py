@@ -6,6 +6,8 @@ from ddlcourse import amp
 from ddlcourse.selfcheck import run_checker
 from ddlcourse.exercises.solutions import mixed_precision as ex
 
+from helpers import run_ranks
+
 
 def test_update_scale_is_torchs_rule():
     flags = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0]
@@ -65,36 +67,18 @@ def test_bytes_per_param():
         amp.bytes_per_param("fp8")
 
 
-def test_dp_mixed_precision_on_two_ranks(mpi):
-    code = ("from ddlcourse import dist, amp\n"
-            "info = dist.init()\n"
-            "res = amp.dp_mixed_precision(steps=2, global_batch=4096)\n"
-            "if info.rank == 0:\n"
-            "    print('SENT', [res[w]['sent'] for w in amp.DP_WAYS])\n"
-            "    print('ZERO', [res[w]['zero_grad_fraction'] for w in amp.DP_WAYS])\n"
-            "    print('DTYPE', {res[w]['param_grad_dtype'] for w in amp.DP_WAYS})\n"
-            # DDP's wrappers sit in reference cycles: left to the interpreter's exit they are torn down after
-            # the process group and gloo can abort ('terminate called without an active exception', seen in CI)
-            "dist.shutdown()\n")
-    out = mpi(2, code).stdout
+def test_dp_mixed_precision_on_two_ranks():
+    out = run_ranks(2, "amp_dp_mixed_precision").stdout
     assert "SENT [['float32'], ['float16'], ['float16']]" in out
     zeros = eval(out.split("ZERO ")[1].splitlines()[0])
     assert zeros[0] == 0.0 and zeros[1] > 0.5 and zeros[2] == 0.0
     assert "DTYPE {'float32'}" in out
 
 
-def test_dp_mixed_precision_on_a_subgroup(mpi):
+def test_dp_mixed_precision_on_a_subgroup():
     """The compress hook reduces over DDP's group: two ranks of three train, the third does not take part (a
     hook that all-reduced over the world would wait for it for ever)."""
-    code = ("from ddlcourse import dist, amp\n"
-            "info = dist.init()\n"
-            "comm, group = dist.subgroup(2)\n"
-            "if group is not None:\n"
-            "    res = amp.dp_mixed_precision(steps=1, global_batch=512, group=group)\n"
-            "    if info.rank == 0:\n"
-            "        print('SENT', [res[w]['sent'] for w in amp.DP_WAYS])\n"
-            "dist.shutdown()\n")
-    out = mpi(3, code, timeout=120).stdout
+    out = run_ranks(3, "amp_dp_mixed_precision_subgroup", timeout=120).stdout
     assert "SENT [['float32'], ['float16'], ['float16']]" in out, out
 
 

@@ -14,6 +14,8 @@ import torch
 from ddlcourse import cases, training
 from ddlcourse.training import ConfigError
 
+from helpers import run_ranks
+
 
 @dataclass(kw_only=True)
 class Demo(training.CaseConfig):
@@ -166,20 +168,8 @@ def test_corrupt_checkpoint_names_the_file_and_fresh_starts_over(results):
     assert sorted(p.name for p in path.parent.glob("*.pt")) == ["epoch-0001.pt", "epoch-0002.pt"]
 
 
-def test_write_result_on_rank_zero_only(mpi, tmp_path):
-    code = """
-import json, numpy as np, torch
-from ddlcourse import training, dist
-from ddlcourse.cases import topology
-ctx = training.setup(topology.Config.make("smoke", run_name="r0"))
-path = ctx.write_result("demo", {"rank": ctx.rank, "t": torch.tensor([1.5, 2.0]), "a": np.arange(3),
-                                 "x": np.float32(0.5), "n": {"k": np.int64(4)}})
-wrote = ctx.comm.gather(path is not None, root=0)
-if ctx.rank == 0:
-    print("WROTE", wrote)
-dist.shutdown()
-"""
-    p = mpi(2, code, env={"DDLCOURSE_RESULTS": str(tmp_path)})
+def test_write_result_on_rank_zero_only(tmp_path):
+    p = run_ranks(2, "case_skeleton_write_result", env={"DDLCOURSE_RESULTS": str(tmp_path)})
     assert "WROTE [True, False]" in p.stdout
     files = list((tmp_path / "demo").glob("*.json"))
     assert [f.name for f in files] == ["result-r0.json"]
@@ -229,71 +219,14 @@ def test_timers_synchronise_a_cuda_device(monkeypatch):
 
 
 # --------------------------------------------------------------------------- process groups
-def test_mesh_groups_are_built_once_and_reused(mpi):
-    code = """
-import torch, torch.distributed as tdist
-from ddlcourse import dist, sharding, training
-from ddlcourse.cases import topology
-calls = []
-real = tdist.new_group
-def counting(*a, **k):
-    calls.append(1)
-    return real(*a, **k)
-tdist.new_group = counting
-cfg = topology.Config.make("smoke")
-a = training.setup(cfg, mesh=(2, 2))
-n_first = len(calls)
-b = training.setup(cfg, mesh=(None, 2))
-g, h = a.grid, b.grid
-assert len(calls) == n_first >= 4, (len(calls), n_first)   # 2 rows + 2 columns, once (ddlcourse.grid caches them)
-assert [h.group(x) for x in ("dp", "mp")] + [h.comm(x) for x in ("dp", "mp")] == \
-    [g.group(x) for x in ("dp", "mp")] + [g.comm(x) for x in ("dp", "mp")]
-assert len(calls) == n_first                                # asking again makes nothing
-assert (a.dp, a.mp, g.coord("dp"), g.coord("mp")) == (2, 2, a.rank // 2, a.rank % 2)
-assert g.ranks("mp") == [2 * g.coord("dp"), 2 * g.coord("dp") + 1] and g.ranks("dp") == [g.coord("mp"), g.coord("mp") + 2]
-t = torch.tensor([float(a.rank)])
-tdist.all_reduce(t, group=g.group("dp"))           # the same part of both replicas: ranks j and j + 2
-u = torch.tensor([float(a.rank)])
-tdist.all_reduce(u, group=g.group("mp"))           # one replica: ranks 2i and 2i + 1
-assert t.item() == 2 * g.coord("mp") + 2 and u.item() == 4 * g.coord("dp") + 1
-assert g.comm("dp").allreduce(a.rank) == t.item() and g.comm("mp").allreduce(a.rank) == u.item()
-assert a.mean(float(a.rank)) == 1.5 and a.max(a.rank) == 3 and a.sum(a.rank) == 6
-sub = training.setup(topology.Config.make("smoke", ranks=2))   # ranks 2 and 3 are not in this run
-assert (sub is None) == (a.rank >= 2)
-if sub is not None:
-    share = [sub.batches(10, 4, 0)]
-    both = sub.comm.allgather(share)
-    assert sorted(int(i) for s in both for i in s[0][0]) == sorted(sharding.global_batches(10, 4, 0)[0])
-oks = a.comm.gather(f"OK{a.rank}", root=0)   # one print: ranks' stdout would interleave
-if a.rank == 0:
-    print(" ".join(oks))
-dist.shutdown()
-"""
-    out = mpi(4, code).stdout
+def test_mesh_groups_are_built_once_and_reused():
+    out = run_ranks(4, "case_skeleton_mesh_groups").stdout
     assert out.split() == ["OK0", "OK1", "OK2", "OK3"], out
 
 
-def test_horovod_runs_on_a_mesh_but_will_not_average_model_parts(mpi):
+def test_horovod_runs_on_a_mesh_but_will_not_average_model_parts():
     """Spatial ranks (seismic) hold whole models: horovod may run on a mesh. Model parts may not be averaged."""
-    code = """
-import torch
-from ddlcourse import dist, training
-from ddlcourse.cases import topology
-cfg = topology.Config.make("smoke", backend="horovod")
-ctx = training.setup(cfg, mesh=(2, 2))
-assert ctx.mp == 2 and ctx.backend == "horovod"
-m = torch.nn.Linear(2, 2)
-try:
-    ctx.wrap(m, torch.optim.SGD(m.parameters(), lr=0.1))
-    said = "wrapped"
-except training.ConfigError as e:
-    said = f"refused: {e}"
-said = ctx.comm.gather(said, root=0)
-if ctx.rank == 0:
-    print("\\n".join(said))
-dist.shutdown()
-"""
-    out = mpi(4, code).stdout
+    out = run_ranks(4, "case_skeleton_horovod_on_a_mesh").stdout
     assert out.count("refused: Horovod averages gradients over all ranks") == 4, out
 
 

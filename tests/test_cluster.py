@@ -3,7 +3,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pytest
 from ddlcourse import cluster
 from ddlcourse.cluster import forkserver, launch, mpicluster, processes
 from ddlcourse.cluster import ClusterError, MPICluster
+
+from helpers import ROOT, module_command
 
 pytestmark = pytest.mark.mpi
 
@@ -220,18 +221,7 @@ def test_oversubscription_warns_and_four_ranks_form_one_world():
 
 def test_killed_kernel_is_cleaned_up_by_the_watchdog(tmp_path):
     """A process that starts a cluster and dies by SIGKILL (as nbval kills kernels) leaves nothing."""
-    script = textwrap.dedent("""
-        import os, sys, json
-        from ddlcourse.cluster import MPICluster
-        c = MPICluster(n=2, quiet=True).start()
-        from ddlcourse import cluster
-        from ddlcourse.cluster import forkserver
-        st = [s for _, s in cluster.recorded_clusters() if s['cluster_id'] == c._cluster.cluster_id][0]
-        (server, sock), = forkserver._SHARED.values()
-        print(json.dumps(dict(st, server=[server.pid, sock])), flush=True)
-        os.kill(os.getpid(), 9)
-    """)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(module_command("cluster_killed_kernel"), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == -signal.SIGKILL, p.stderr
     import json
     st = json.loads(p.stdout.strip().splitlines()[-1])

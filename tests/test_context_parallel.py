@@ -6,31 +6,12 @@ import torch
 
 from ddlcourse.parallel import context
 
-from ddlcourse.experiments import context as context_exp
-
-CODE = """
-import json
-from mpi4py import MPI
-from ddlcourse import dist
-from ddlcourse.parallel import context
-from ddlcourse.experiments import context as context_exp
-dist.init()
-out = {}
-for layout in context.LAYOUTS:
-    a = context_exp.compare_attention(seq_len=32, layout=layout)
-    m = context_exp.compare_model(layout=layout)
-    out[layout] = dict(attn=max(v for k, v in a.items() if k in ("out", "dq", "dk", "dv")),
-                       model=max(m["loss_diff"], m["grad_diff"]), scores=a["scores"])
-res = MPI.COMM_WORLD.gather(out, root=0)
-if dist.rank() == 0:
-    print("RESULT" + json.dumps(res))
-dist.shutdown()
-"""
+from helpers import run_ranks
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_ring_attention_equals_full_attention(mpi, n):
-    res = json.loads(mpi(n, CODE).stdout.split("RESULT")[1])
+def test_ring_attention_equals_full_attention(n):
+    res = json.loads(run_ranks(n, "context_parallel_ring_attention").stdout.split("RESULT")[1])
     for layout in context.LAYOUTS:
         assert max(r[layout]["attn"] for r in res) < 1e-12          # float64: exact up to rounding
         assert max(r[layout]["model"] for r in res) < 1e-5          # float32 model, loss and every gradient

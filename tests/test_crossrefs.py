@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import NOTEBOOK_REF, notebook_numbers
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # notebook number -> words any reference to it must have nearby (lower case; a word matches a prefix)
@@ -55,9 +57,6 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "29": ("performance model", "perfmodel", "scaling model", "what if"),
     "30": ("layout", "sizing", "calculator"),
 }
-# "notebook 05", "notebooks 04-05", "notebooks 00 (clusters), 01 (SGD) and 02 (batch size)"
-_NEXT = r"\s*(?:\([^()]*\))?\s*(?:[–-]|,|and|or)\s*(\d\d[a-f]?)\b(?!\s*(?:GB|GiB|MB|%|ms|s\b|×|x\b))"
-REF = re.compile(r"\b[Nn]otebooks?\s+(\d\d[a-f]?)\b((?:" + _NEXT.replace("(\\d", "(?:\\d", 1) + r")*)")
 STALE_NAMES = re.compile(r"Concepts\s+(?:I{1,3}|IV)\b")
 
 
@@ -76,16 +75,6 @@ def _texts(path: Path):
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "markdown":
             yield f"{path.relative_to(ROOT)} cell {i}", "".join(cell["source"])
-
-
-def _numbers(first: str, rest: str) -> list[str]:
-    nums = [first]
-    for sep, n in re.findall(r"\s*(?:\([^()]*\))?\s*([–-]|,|and|or)\s*(\d\d[a-f]?)", rest):
-        if sep in "–-" and n.isdigit() and nums[-1].isdigit():
-            nums += [f"{k:02d}" for k in range(int(nums[-1]) + 1, int(n) + 1)]
-        else:
-            nums.append(n)
-    return nums
 
 
 SENTENCE_END = re.compile(r"(?<!\bal)(?<!e\.g)(?<!i\.e)[.!?]\s|:\*\*\s|\||\n\s*\n")
@@ -117,14 +106,14 @@ def test_topics_cover_exactly_the_notebooks():
 def _references():
     for path in _prose_files():
         for where, text in _texts(path):
-            for m in REF.finditer(text):
+            for m in NOTEBOOK_REF.finditer(text):
                 yield where, text, m
 
 
 def test_every_reference_names_an_existing_notebook_on_its_topic():
     existing, bad = _existing(), []
     for where, text, m in _references():
-        nums = _numbers(m.group(1), m.group(2) or "")
+        nums = notebook_numbers(m.group(1), m.group(2) or "")
         missing = [n for n in nums if n not in existing]
         ctx = _context(text, m.start(), m.end())
         if missing:
@@ -151,8 +140,8 @@ def test_no_names_of_parts_that_do_not_exist():
     ("**Assumes:** notebooks 05 (data parallel) and 09 (memory).", False),   # the second number missed a renumbering
 ])
 def test_the_rule_catches_a_stale_number(text, ok):
-    m = REF.search(text)
-    nums = _numbers(m.group(1), m.group(2) or "")
+    m = NOTEBOOK_REF.search(text)
+    nums = notebook_numbers(m.group(1), m.group(2) or "")
     ctx = _context(text, m.start(), m.end())
     found = all(n in TOPICS for n in nums) and _on_topic(nums, ctx)
     assert found is ok

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_crossrefs import REF, _numbers
+from helpers import NOTEBOOK_REF, notebook_numbers
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -48,7 +48,7 @@ def assumed(text: str) -> list[str]:
     m = re.search(r"\*\*Assumes:?\*\*:?(.*?)(?:\n\s*\n|\Z)", text, re.S)
     if not m:
         return []
-    return [n for r in REF.finditer(m.group(1)) for n in _numbers(r.group(1), r.group(2) or "")]
+    return [n for r in NOTEBOOK_REF.finditer(m.group(1)) for n in notebook_numbers(r.group(1), r.group(2) or "")]
 
 
 def later_assumptions(path: Path, text: str) -> list[str]:

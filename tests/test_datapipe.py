@@ -9,6 +9,8 @@ import torch
 from ddlcourse import datapipe
 from ddlcourse.datapipe import ShardError, ShardedArrayDataset
 
+from helpers import run_ranks
+
 
 def _chunks(n, chunk, seed=0):
     g = np.random.default_rng(seed)
@@ -117,18 +119,9 @@ def test_timing_helpers_run(tmp_path):
     assert ("skipped" in recs[1]) == (not torch.cuda.is_available())
 
 
-def test_contention_on_two_ranks(mpi, tmp_path):
+def test_contention_on_two_ranks(tmp_path):
     datapipe.make_contention_files(tmp_path, 2, 0.25)
-    code = f"""
-from ddlcourse import datapipe
-out = [datapipe.read_contention({str(tmp_path)!r}, p, k) for k in (1, 2) for p in datapipe.PATTERNS]
-from mpi4py import MPI
-if MPI.COMM_WORLD.Get_rank() == 0:
-    print([(r['pattern'], r['ranks'], r['bytes_total']) for r in out])
-else:
-    assert all(r is None for r in out)
-"""
-    p = mpi(2, code)
+    p = run_ranks(2, "datapipe_contention", tmp_path)
     mb = int(0.25 * 2**20)
     assert f"('one_file_whole', 2, {4 * mb})" in p.stdout      # every rank reads both slices
     assert f"('one_file_slices', 2, {2 * mb})" in p.stdout

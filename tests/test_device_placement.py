@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import top_level_functions
+
 ROOT = Path(__file__).resolve().parent.parent
 
 MODULES = [
@@ -186,17 +188,6 @@ class _Checker:
         return False
 
 
-def _functions(tree: ast.Module):
-    """Top-level functions and methods (nested functions are checked with their enclosing function)."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node.name, node
-        elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    yield f"{node.name}.{item.name}", item
-
-
 def _course_models(tree: ast.Module) -> set[str]:
     names = set()
     for n in ast.walk(tree):
@@ -232,7 +223,7 @@ def placement_findings(source: str, module: str = "<source>", device_takers: set
     models = _course_models(tree)
     takers = _device_taking_callables() if device_takers is None else device_takers
     found = []
-    for name, fn in _functions(tree):
+    for name, fn in top_level_functions(tree):
         chk = _Checker(fn.body, models)
         for call, what in chk.constructions():
             line = lines[call.lineno - 1]
@@ -313,7 +304,7 @@ def test_every_engine_function_takes_a_device():
     sigs = {}
     for mod in MODULES:
         tree = ast.parse((ROOT / mod).read_text())
-        for name, fn in _functions(tree):
+        for name, fn in top_level_functions(tree):
             sigs[(mod, name)] = _params(fn)
         for node in tree.body:          # ``on_first_ranks = dist.on_first_ranks``: a name for another module's
             if (isinstance(node, ast.Assign) and len(node.targets) == 1   # function (its own check is there)
@@ -400,7 +391,6 @@ def _devices(*things) -> set:
 
 def _builders(device):
     from ddlcourse import federated, integrity
-    from ddlcourse.parallel import model_parallel, sharded, tensor
     from ddlcourse.experiments import model_parallel as model_parallel_exp, sharded as sharded_exp, tensor as tensor_exp
 
     cfg = integrity.make_config(batchnorm=True)

@@ -6,6 +6,8 @@ import pytest
 
 from ddlcourse import checks, dist
 
+from helpers import ROOT, module_command, run_ranks
+
 pytestmark = pytest.mark.mpi
 
 
@@ -28,23 +30,8 @@ def test_allreduce_three_ways_on_two_ranks(mpi):
     assert "all three agree with the expected sum [3.0, 3.0, 3.0]: True" in p.stdout
 
 
-def test_init_is_idempotent_and_ranks_are_consistent(mpi):
-    code = (
-        "from ddlcourse import dist\n"
-        "a = dist.init(); b = dist.init(); assert a is b\n"
-        "import torch.distributed as t\n"
-        "assert t.get_rank() == a.rank and t.get_world_size() == 3 == a.world_size\n"
-        "assert a.backend == 'gloo' and str(a.device) == 'cpu' and a.local_rank == a.rank\n"
-        "s = dist.seed_everything(5); import torch; x = torch.rand(1).item()\n"
-        "from mpi4py import MPI; xs = MPI.COMM_WORLD.allgather(x)\n"
-        "assert len(set(xs)) == 3, xs  # per-rank seeds differ\n"
-        "dist.seed_everything(5, per_rank=False); y = MPI.COMM_WORLD.allgather(torch.rand(1).item())\n"
-        "assert len(set(y)) == 1, y   # a shared seed agrees\n"
-        "oks = MPI.COMM_WORLD.gather(f'ok{a.rank}', root=0)\n"
-        "dist.shutdown()\n"
-        "if a.rank == 0: print(' '.join(oks))\n"
-    )
-    p = mpi(3, code)
+def test_init_is_idempotent_and_ranks_are_consistent():
+    p = run_ranks(3, "dist_init_idempotent")
     assert p.stdout.split() == ["ok0", "ok1", "ok2"]
 
 
@@ -60,65 +47,31 @@ def test_cli_info_and_errors():
     assert bad.returncode != 0 and "unknown case 'nosuchcase'" in bad.stderr
 
 
-def test_subgroup_runs_smaller_worlds_inside_one_cluster(mpi):
-    code = (
-        "from ddlcourse import dist\n"
-        "import torch, torch.distributed as t\n"
-        "info = dist.init()\n"
-        "out = []\n"
-        "for k in (1, 2, 3):\n"
-        "    comm, g = dist.subgroup(k)\n"
-        "    if comm is not None:\n"
-        "        x = torch.tensor([float(info.rank + 1)]); t.all_reduce(x, group=g)\n"
-        "        assert comm.Get_size() == k and comm.allreduce(info.rank + 1) == x.item() == k * (k + 1) / 2\n"
-        "        out.append(k)\n"
-        "from mpi4py import MPI\n"
-        "res = MPI.COMM_WORLD.gather(out, root=0)\n"
-        "dist.shutdown()\n"
-        "if info.rank == 0: print(res)\n"
-    )
-    assert mpi(3, code).stdout.strip() == "[[1, 2, 3], [2, 3], [3]]"
+def test_subgroup_runs_smaller_worlds_inside_one_cluster():
+    assert run_ranks(3, "dist_subgroup").stdout.strip() == "[[1, 2, 3], [2, 3], [3]]"
 
 
-def test_horovod_can_be_added_after_a_torch_only_init(mpi):
-    code = (
-        "from ddlcourse import dist\n"
-        "a = dist.init(); assert not a.horovod\n"
-        "b = dist.init(horovod=True); assert b.horovod and b.rank == a.rank\n"
-        "import horovod.torch as hvd, torch\n"
-        "s = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
-        "dist.shutdown()\n"
-        "if b.rank == 0: print(s)\n"
-    )
-    assert mpi(2, code).stdout.strip() == "2.0"
+def test_horovod_can_be_added_after_a_torch_only_init():
+    assert run_ranks(2, "dist_horovod_after_torch").stdout.strip() == "2.0"
 
 
 # ----------------------------------------------------------------------------- launches that must be right
-def test_local_rank_ignores_an_inherited_slurm_localid(mpi):
+def test_local_rank_ignores_an_inherited_slurm_localid():
     """mpiexec inside sbatch: every rank inherits the batch step's SLURM_LOCALID=0 and SLURM_PROCID=0."""
-    code = (
-        "from ddlcourse import dist\n"
-        "from mpi4py import MPI\n"
-        "lr = MPI.COMM_WORLD.gather(dist.local_rank(), root=0)\n"
-        "if MPI.COMM_WORLD.Get_rank() == 0: print(lr)\n"
-    )
     env = {"SLURM_LOCALID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_ID": "1"}
-    assert mpi(2, code, env=env).stdout.strip() == "[0, 1]"
+    assert run_ranks(2, "dist_local_rank", env=env).stdout.strip() == "[0, 1]"
 
 
 def test_local_rank_trusts_slurm_in_a_matching_srun_step():
     """In an srun step whose task ids and count match MPI's, SLURM_LOCALID is the launcher's answer."""
     from ddlcourse.cluster import find_mpiexec
-    code = ("from ddlcourse import dist; from mpi4py import MPI\n"
-            "lr = MPI.COMM_WORLD.gather(dist.local_rank(), root=0)\n"
-            "if MPI.COMM_WORLD.Get_rank() == 0: print(lr)\n")
     cmd = [find_mpiexec(), "-bind-to", "none"]
     for r in range(2):   # MPMD: each rank its own Slurm variables, local ids deliberately reversed
         if r:
             cmd.append(":")
         cmd += ["-n", "1", "-env", "SLURM_PROCID", str(r), "-env", "SLURM_LOCALID", str(1 - r),
-                "-env", "SLURM_STEP_NUM_TASKS", "2", sys.executable, "-c", code]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                "-env", "SLURM_STEP_NUM_TASKS", "2", *module_command("dist_local_rank")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "[1, 0]"
 
@@ -128,14 +81,8 @@ def _init_alone(env_extra: dict) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PMI_", "OMPI_", "CUDA_VISIBLE", "DDLCOURSE_ALLOW"))}
     env.update(env_extra)
-    code = ("from ddlcourse import dist\n"
-            "try:\n"
-            "    info = dist.init()\n"
-            "    print('device', info.device, info.world_size)\n"
-            "    dist.shutdown()\n"
-            "except dist.LaunchError as e:\n"
-            "    print('LaunchError:', e)\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(module_command("dist_init_alone"), capture_output=True, text=True, timeout=120, env=env,
+                          cwd=ROOT)
 
 
 def test_a_singleton_launch_is_refused_with_what_to_do():
@@ -179,18 +126,9 @@ def test_rendezvous_address_is_never_loopback_across_hosts(monkeypatch):
         dist.rendezvous_address(["n0", "n1"], [[], node1])
 
 
-def test_the_store_port_is_the_one_rank0_listens_on(mpi):
+def test_the_store_port_is_the_one_rank0_listens_on():
     """Rank 0 binds port 0 and broadcasts the port the OS gave it (no probe-close-reuse race)."""
-    code = (
-        "from ddlcourse import dist\n"
-        "from mpi4py import MPI\n"
-        "info = dist.init()\n"
-        "addr, port = dist.rendezvous()\n"
-        "seen = MPI.COMM_WORLD.gather((addr, port), root=0)\n"
-        "dist.shutdown()\n"
-        "if info.rank == 0: print(len(set(seen)), seen[0][0], seen[0][1] > 0)\n"
-    )
-    assert mpi(2, code).stdout.split() == ["1", "127.0.0.1", "True"]
+    assert run_ranks(2, "dist_store_port").stdout.split() == ["1", "127.0.0.1", "True"]
 
 
 def _fake_cuda(monkeypatch, count: int):
@@ -235,21 +173,8 @@ def test_outside_a_run_the_device_is_named_not_set(monkeypatch):
     assert str(dist.pick_device(1)) == "cuda:1" and calls == [1]
 
 
-def test_on_first_ranks_gives_a_comm_or_a_group_and_a_comm_first_does_not_hide_the_group(mpi):
+def test_on_first_ranks_gives_a_comm_or_a_group_and_a_comm_first_does_not_hide_the_group():
     """One ``dist.on_first_ranks`` (issue 28): ``fn(comm=)`` for MPI code, ``fn(group=)`` otherwise. A subgroup
     made before torch.distributed started (the MPI path) gets its torch group once it has (it used to stay None,
     so a later group function silently ran nowhere)."""
-    code = (
-        "from ddlcourse import dist\n"
-        "def mpi_sum(x, comm=None): return comm.allreduce(x)\n"
-        "def torch_sum(x, group=None):\n"
-        "    import torch, torch.distributed as t\n"
-        "    y = torch.tensor([float(x)]); t.all_reduce(y, group=group); return y.item()\n"
-        "a = dist.on_first_ranks(2, mpi_sum, dist.rank() + 1)\n"
-        "b = dist.on_first_ranks(2, torch_sum, dist.rank() + 1)\n"
-        "from mpi4py import MPI\n"
-        "res = MPI.COMM_WORLD.gather((a, b), root=0)\n"
-        "dist.shutdown()\n"
-        "if dist.rank() == 0: print(res)\n"
-    )
-    assert mpi(3, code).stdout.strip().splitlines()[-1] == "[(3, 3.0), (3, 3.0), (None, None)]"
+    assert run_ranks(3, "dist_on_first_ranks").stdout.strip().splitlines()[-1] == "[(3, 3.0), (3, 3.0), (None, None)]"

@@ -9,6 +9,8 @@ import torch
 
 from ddlcourse.data import driving as d
 
+from helpers import run_ranks, spy_on_the_device
+
 
 def _traj(xs, ys=None, heading=0.0, speeds=None, accels=None):
     n = len(xs)
@@ -138,40 +140,11 @@ def test_class_weights_from_counts():
     assert driving.class_weights(np.array([5, 0, 5])).tolist() == pytest.approx([1.0 * 10 / 15, 0.0, 10 / 15])
 
 
-DIST = r"""
-import json, numpy as np
-from ddlcourse import dist
-from ddlcourse.cases import driving
-out = {}
-for name, kw in {"serial": dict(ranks=1), "dp2of4": dict(ranks=2), "dp4": dict(), "mp4": dict(mp=4, micro_batches=2),
-                 "mesh2x2": dict(mp=2, micro_batches=2), "horovod": dict(backend="horovod")}.items():
-    cfg = driving.Config.make("smoke", fresh=True, run_name="t-" + name, epochs=1, **kw)
-    r = driving.train(cfg)
-    if dist.rank() == 0:
-        out[name] = r["history"]
-        out[name + "_clips"] = r["train_clips"]
-        out[name + "_counts"] = r["class_counts"]
-# resume: 2 epochs in one go == 1 epoch, then resume for the 2nd
-a = driving.train(driving.Config.make("smoke", fresh=True, run_name="t-full", epochs=2))
-driving.train(driving.Config.make("smoke", fresh=True, run_name="t-half", epochs=1))
-b = driving.train(driving.Config.make("smoke", fresh=False, run_name="t-half", epochs=2))
-# the same with the model split over 2 ranks per replica: every part is saved and restored
-mesh = dict(mp=2, micro_batches=2)
-c = driving.train(driving.Config.make("smoke", fresh=True, run_name="t-mfull", epochs=2, **mesh))
-driving.train(driving.Config.make("smoke", fresh=True, run_name="t-mhalf", epochs=1, **mesh))
-d = driving.train(driving.Config.make("smoke", fresh=False, run_name="t-mhalf", epochs=2, **mesh))
-if dist.rank() == 0:
-    out["full"], out["resumed"] = a["history"], b["history"]
-    out["mfull"], out["mresumed"] = c["history"], d["history"]
-    print(json.dumps(out))
-"""
-
-
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_four_ranks_any_mesh_match_serial_and_resume_is_exact(mpi, tmp_path):
-    p = mpi(4, DIST, timeout=600, env={"DDLCOURSE_DATA_DIR": str(tmp_path / "data"),
-                                       "DDLCOURSE_RESULTS": str(tmp_path / "results")})
+def test_four_ranks_any_mesh_match_serial_and_resume_is_exact(tmp_path):
+    p = run_ranks(4, "driving_meshes_and_resume", timeout=600, env={"DDLCOURSE_DATA_DIR": str(tmp_path / "data"),
+                                                                    "DDLCOURSE_RESULTS": str(tmp_path / "results")})
     out = json.loads(p.stdout.strip().splitlines()[-1])
     ref = np.array(out["serial"])
     assert len(ref) == 5 and np.all(np.isfinite(ref))
@@ -222,46 +195,6 @@ def test_config_refuses_what_cannot_work():
 
 
 # --------------------------------------------------------------------------- the device
-def _spy_on_the_device(monkeypatch, model_cls):
-    """Record what goes through ``ctx.to``, and check every forward of ``model_cls`` against it.
-
-    On this CPU machine ``ctx.to`` moves nothing, so a case that forgets it would still run here and crash (or
-    train on the CPU) on a GPU node. Instead: every tensor ``ctx.to`` returns is remembered (weakly, by its
-    storage), and a forward pre-hook notes, for each call of the model, whether its input is one of them (or a
-    view of one). Returns ``(moved_modules, checks)``; ``checks`` holds one bool per forward.
-    """
-    import weakref
-
-    from ddlcourse import training
-    moved, moved_modules, checks = {}, [], []
-    original = training.RunContext.to
-
-    def to(self, obj, non_blocking=False):
-        out = original(self, obj, non_blocking)
-        stack = [out]
-        while stack:
-            o = stack.pop()
-            if torch.is_tensor(o):
-                moved[o.untyped_storage().data_ptr()] = weakref.ref(o)
-            elif isinstance(o, torch.nn.Module):
-                moved_modules.append(type(o).__name__)
-            elif isinstance(o, (list, tuple)):
-                stack.extend(o)
-        return out
-
-    def pre_hook(module, args):
-        if isinstance(module, model_cls):
-            for a in args:
-                if torch.is_tensor(a) and a.device.type != "meta":     # meta: memory estimates, no data
-                    ref = moved.get(a.untyped_storage().data_ptr())
-                    checks.append(ref is not None and ref() is not None
-                                  and all(p.device == a.device for p in module.parameters()))
-
-    monkeypatch.setattr(training.RunContext, "to", to)
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
-    return moved_modules, checks, handle
-
-
 def test_model_and_every_batch_go_through_ctx_to(tmp_path, monkeypatch):
     from ddlcourse.cases import driving
     from ddlcourse.models.driving import MultiViewNet
@@ -269,7 +202,7 @@ def test_model_and_every_batch_go_through_ctx_to(tmp_path, monkeypatch):
     monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path / "results"))
     cfg = driving.Config.make("smoke", n_clips=23, n_val=23, frames=4, size=16, width=2, feat=4, hidden=8, epochs=1,
                               global_batch=8, micro_batches=2, measure_memory=True, ranks=1, fresh=True)
-    moved_modules, checks, handle = _spy_on_the_device(monkeypatch, MultiViewNet)
+    moved_modules, checks, handle = spy_on_the_device(monkeypatch, MultiViewNet)
     try:
         r = driving.train(cfg)
     finally:

@@ -9,6 +9,8 @@ from ddlcourse.cluster import find_processes
 from ddlcourse.selfcheck import run_checker
 from ddlcourse.exercises.solutions import fault_tolerance as ex
 
+from helpers import run_ranks
+
 
 def test_resume_step_takes_the_latest_complete_checkpoint():
     assert elastic.resume_step([]) == 0
@@ -99,12 +101,8 @@ def test_generation_store_gives_each_restart_a_clean_namespace(monkeypatch):
     assert server.check(["ddlcourse/generation_0/rank_0"])
 
 
-def test_train_loop_refuses_bad_sizes(mpi):
-    code = ("from ddlcourse import dist, elastic\nimport tempfile\n"
-            "dist.init()\n"
-            "try:\n    elastic.train_loop(tempfile.mkdtemp(), global_batch=63)\n"
-            "except ValueError as e:\n    print('REFUSED', e)\n")
-    assert "REFUSED global_batch 63" in mpi(2, code).stdout
+def test_train_loop_refuses_bad_sizes():
+    assert "REFUSED global_batch 63" in run_ranks(2, "elastic_bad_sizes").stdout
 
 
 def test_a_killed_rank_restarts_and_resumes_from_the_checkpoint(tmp_path):

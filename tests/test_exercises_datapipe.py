@@ -7,6 +7,8 @@ from ddlcourse.exercises.checkers import data_pipeline as ex
 from ddlcourse.exercises.solutions import data_pipeline as sol
 from ddlcourse.selfcheck import run_checker
 
+from helpers import check_on_ranks
+
 
 def test_sharded_reader_accepts_the_package_function():
     assert run_checker("sharded_reader", sharding.sharded_batches).ok
@@ -36,28 +38,5 @@ def test_the_sampler_reference_is_the_package_sampler():
                     assert got == want.tolist(), (n, drop_last, ws, r, e)
 
 
-SAMPLER = """
-import numpy as np
-from ddlcourse import sharding
-
-class ByHand:                                     # torch's way of padding: indices += indices[:pad]
-    def __init__(self, n, rank, world_size, seed=0, drop_last=False):
-        self.n, self.r, self.w, self.seed, self.drop, self.epoch = n, rank, world_size, seed, drop_last, 0
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-    def _total(self):
-        return self.n - self.n % self.w if self.drop else -(-self.n // self.w) * self.w
-    def __len__(self):
-        return self._total() // self.w
-    def __iter__(self):
-        idx = list(sharding.epoch_permutation(self.n, self.epoch, self.seed))
-        while len(idx) < self._total():
-            idx += idx[:self._total() - len(idx)]
-        return (int(i) for i in idx[:self._total()][self.r::self.w])
-v = run_checker("distributed_sampler", ByHand)
-assert v.ok, v.message
-"""
-
-
-def test_the_sampler_check_accepts_another_correct_sampler(on_ranks):
-    on_ranks(3, SAMPLER)
+def test_the_sampler_check_accepts_another_correct_sampler():
+    check_on_ranks(3, "exercises_datapipe_sampler")

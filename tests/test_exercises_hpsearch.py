@@ -4,6 +4,8 @@ from ddlcourse import hpsearch
 from ddlcourse.exercises.checkers import hyperparameter_search as ex
 from ddlcourse.selfcheck import run_checker
 
+from helpers import check_on_ranks
+
 
 def test_sh_promote_accepts_the_package_function_and_ids():
     assert run_checker("sh_promote", hpsearch.promote).ok
@@ -25,22 +27,5 @@ def test_the_fake_objective_has_ties_at_every_cut():
             assert losses[k - 1] == losses[k], (trials[0], budget)    # a tie across the cut
 
 
-ON_RANKS = """
-def blocks(trials, objective, min_budget, eta, comm):     # contiguous shares, results as (loss, id) pairs
-    rank, size = comm.Get_rank(), comm.Get_size()
-    alive, budget, out = sorted(trials), min_budget, []
-    while alive:
-        out.append((budget, alive))
-        per = -(-len(alive) // size)
-        mine = [(objective(t, budget), t) for t in alive[rank * per:(rank + 1) * per]]
-        everything = sorted(sum(comm.allgather(mine), []))
-        alive = sorted(t for _, t in everything[:len(alive) // eta])
-        budget *= eta
-    return out
-v = run_checker("sh_on_ranks", blocks)
-assert v.ok, v.message
-"""
-
-
-def test_sh_on_ranks_accepts_another_correct_search(on_ranks):
-    on_ranks(3, ON_RANKS)
+def test_sh_on_ranks_accepts_another_correct_search():
+    check_on_ranks(3, "exercises_hpsearch_sh_on_ranks")

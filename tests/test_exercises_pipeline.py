@@ -4,6 +4,8 @@
 them pass, and mistakes that are not registered are still caught."""
 from ddlcourse.selfcheck import run_checker
 
+from helpers import check_on_ranks
+
 
 def test_one_f_one_b_accepts_a_hand_written_solution():
     def mine(stage, p, m):
@@ -25,47 +27,5 @@ def test_one_f_one_b_names_missing_operations():
     assert not v.ok and "exactly one F and one B" in v.message
 
 
-EXECUTOR = """
-from collections import deque
-def mine(stage, inputs, targets, loss_fn, rank, world, num_micro_batches, send, recv):   # a deque, a flat loop
-    m, first, last = num_micro_batches, rank == 0, rank == world - 1
-    kept, f, b = deque(), 0, 0
-    ahead = min(world - rank - 1, m)
-    while b < m:
-        if f < m and (f < ahead or f - b <= ahead):
-            x = inputs[f] if first else recv(rank - 1).requires_grad_()
-            y = stage(x)
-            if last:
-                y = loss_fn(y, targets[f]) / m
-            else:
-                send(y, rank + 1)
-            kept.append((x, y)); f += 1
-            if f <= ahead:
-                continue
-        x, y = kept.popleft()
-        y.backward(None if last else recv(rank + 1))
-        if not first:
-            send(x.grad, rank - 1)
-        b += 1
-v = run_checker("pipeline_1f1b", mine)
-assert v.ok, v.message
-def gpipe(stage, inputs, targets, loss_fn, rank, world, num_micro_batches, send, recv):
-    kept = []
-    for i in range(num_micro_batches):
-        x = inputs[i] if rank == 0 else recv(rank - 1).requires_grad_()
-        y = stage(x)
-        if rank == world - 1:
-            y = loss_fn(y, targets[i]) / num_micro_batches
-        else:
-            send(y, rank + 1)
-        kept.append((x, y))
-    for x, y in kept:
-        y.backward(None if rank == world - 1 else recv(rank + 1))
-        if rank > 0:
-            send(x.grad, rank - 1)
-reject_somewhere("pipeline_1f1b", gpipe, "GPipe's order")
-"""
-
-
-def test_pipeline_1f1b_other_solutions_on_ranks(on_ranks):
-    on_ranks(3, EXECUTOR)
+def test_pipeline_1f1b_other_solutions_on_ranks():
+    check_on_ranks(3, "exercises_pipeline_1f1b")

@@ -1,32 +1,7 @@
 """Notebook 11's exercises beyond what tests/test_build_it.py runs (the references accepted, each registered mistake
 named, the templates 'not written yet'): other correct ways to write them pass."""
-
-CODE = """
-import torch
-from ddlcourse.parallel import syncbn
-v = run_checker("syncbn_stats", lambda x, allreduce: syncbn.global_batch_stats(x))   # the package's own
-assert v.ok, v.message
-
-class TwoPass(torch.autograd.Function):
-    \"\"\"The package's SyncBatchNormFunction (two passes for the variance), behind the exercise's signature.\"\"\"
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, allreduce):
-        with torch.enable_grad():
-            xx, w, b = x.detach().requires_grad_(), weight.detach().requires_grad_(), bias.detach().requires_grad_()
-            y = syncbn.SyncBatchNormFunction.apply(xx, w, b, None, None, eps, 0.0, None)
-        ctx.saved = (xx, w, b, y)
-        return y.detach()
-
-    @staticmethod
-    def backward(ctx, dy):
-        xx, w, b, y = ctx.saved
-        dx, dw, db = torch.autograd.grad(y, (xx, w, b), dy)
-        return dx, dw, db, None, None
-
-v = run_checker("syncbn_function", TwoPass)
-assert v.ok, v.message
-"""
+from helpers import check_on_ranks
 
 
-def test_other_correct_syncbn_solutions_pass(on_ranks):
-    on_ranks(3, CODE)
+def test_other_correct_syncbn_solutions_pass():
+    check_on_ranks(3, "exercises_sync_batchnorm_other_solutions")

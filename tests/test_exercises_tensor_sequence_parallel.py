@@ -2,34 +2,8 @@
 registered solutions and mistakes): a sequence-parallel MLP built from the package's own all-gather /
 reduce-scatter pair and gradient sync passes the learner's checker (the package and the exercise agree), and so
 does a tensor-parallel MLP whose shards are float32, as a learner's `nn.Linear(dim, k)` without a dtype would be."""
-
-CODE = """
-import torch
-from ddlcourse.exercises.solutions import tensor_sequence_parallel as ex
-from ddlcourse.parallel import sequence
-
-class FromThePackage(ex.SPMLP):
-    def __init__(self, ln, fc1, fc2, rank, world):
-        super().__init__(ln, fc1, fc2, rank, world)
-        for p in (self.ln.weight, self.ln.bias, self.fc2.bias):
-            p.sequence_parallel = True
-    def forward(self, x):
-        h = torch.nn.functional.gelu(self.fc1(sequence.gather_seq(self.ln(x))))
-        return x + sequence.reduce_scatter_seq(torch.nn.functional.linear(h, self.fc2.weight)) + self.fc2.bias
-    def sync_grads(self):
-        sequence.sync_sequence_parallel_grads(self)
-v = run_checker("sp_mlp", FromThePackage)
-assert v.ok, v.message
-
-class Float32(ex.TPMLP):
-    def __init__(self, fc1, fc2, rank, world):
-        super().__init__(fc1.float(), fc2.float(), rank, world)
-    def forward(self, x):
-        return super().forward(x.float())
-v = run_checker("tp_mlp", Float32)
-assert v.ok, v.message
-"""
+from helpers import check_on_ranks
 
 
-def test_package_sequence_parallel_mlp_and_a_float32_mlp_pass(on_ranks):
-    on_ranks(2, CODE)
+def test_package_sequence_parallel_mlp_and_a_float32_mlp_pass():
+    check_on_ranks(2, "exercises_tensor_sequence_parallel_package_mlps")

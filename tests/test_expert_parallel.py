@@ -3,28 +3,14 @@ import json
 
 import pytest
 
-from ddlcourse.parallel import expert
-
 from ddlcourse.experiments import expert as expert_exp
 
-CODE = """
-import json
-from mpi4py import MPI
-from ddlcourse import dist
-from ddlcourse.parallel import expert
-from ddlcourse.experiments import expert as expert_exp
-dist.init()
-out = [expert_exp.compare_with_serial(capacity_factor=cf, skew=1.0) for cf in (0.75, 1.0, 4.0)]
-res = MPI.COMM_WORLD.gather(out, root=0)
-if dist.rank() == 0:
-    print("RESULT" + json.dumps(res))
-dist.shutdown()
-"""
+from helpers import run_ranks
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_expert_parallel_equals_serial(mpi, n):
-    res = json.loads(mpi(n, CODE).stdout.split("RESULT")[1])
+def test_expert_parallel_equals_serial(n):
+    res = json.loads(run_ranks(n, "expert_parallel_vs_serial").stdout.split("RESULT")[1])
     for per_rank in res:
         for d in per_rank:
             assert max(d["out"], d["aux"], d["router_grad"], d["expert_grad"]) < 1e-5, d

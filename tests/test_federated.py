@@ -4,21 +4,12 @@ import pytest
 
 from ddlcourse import federated
 
-CODE = """
-from mpi4py import MPI
-from ddlcourse import dist, federated
-dist.init()
-d = max(federated.compare_with_serial(3, mode) for mode in ("iid", "noniid"))
-d = MPI.COMM_WORLD.allreduce(d, op=MPI.MAX)
-if dist.rank() == 0:
-    print("WORST", d)
-dist.shutdown()
-"""
+from helpers import run_ranks
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_fedavg_one_step_equals_centralized(mpi, n):
-    p = mpi(n, CODE)
+def test_fedavg_one_step_equals_centralized(n):
+    p = run_ranks(n, "federated_one_step")
     assert float(p.stdout.split("WORST")[1].split()[0]) < 1e-5, p.stdout
 
 

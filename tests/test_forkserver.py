@@ -1,45 +1,36 @@
 """The test suite's rank fork server (ddlcourse/cluster/forkserver.py): a forked rank behaves as a ``python -c`` rank."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import _forkserver_socket, run_mpi
+
+from helpers import RANKS, ROOT, check_on_ranks, forkserver_socket, module_argv, module_command, run_mpi, run_ranks
 
 pytestmark = pytest.mark.mpi
 
-# how a rank tells whether it was forked by the server or started by mpiexec's proxy itself
-PARENT = "import os\nPARENT = open(f'/proc/{os.getppid()}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
+# A rank tells whether it was forked by the server or started by mpiexec's proxy itself from its parent's command
+# line (PARENT in the scripts of tests/ranks/forkserver_*.py).
 
 
 @pytest.fixture(autouse=True)
 def server():
-    if _forkserver_socket() is None:
+    if forkserver_socket() is None:
         pytest.skip("the fork server is off (DDLCOURSE_TEST_FORKSERVER=0)")
 
 
 def test_a_forked_rank_runs_its_code_as_python_c_does():
-    code = PARENT + (
-        "import sys, random, numpy as np\n"
-        "from mpi4py import MPI\n"
-        "c = MPI.COMM_WORLD\n"
-        "draws = c.gather((random.random(), float(np.random.rand())))\n"
-        "total = c.allreduce(c.rank + 1)\n"
-        "def f(): pass\n"
-        "if c.rank == 0:\n"
-        "    print('forked', 'forkserver.py serve' in PARENT, sys.argv, __name__, f.__module__, total,\n"
-        "          len(set(draws)) == len(draws), repr(sys.path[0]), os.getcwd())\n"
-    )
-    out = run_mpi(3, code).stdout.split()
+    """``run_mpi``'s ``-c CODE``: the code is the text of a script of tests/ranks/, run as a string on purpose."""
+    out = run_mpi(3, (RANKS / "forkserver_as_python_c.py").read_text()).stdout.split()
     assert out == ["forked", "True", "['-c']", "__main__", "__main__", "6", "True", "''", os.getcwd()], out
 
 
 def test_exit_status_and_traceback_reach_mpiexec():
     with pytest.raises(AssertionError, match=r"failed \(3\)"):
-        run_mpi(2, "import sys\nsys.exit(3)\n")
+        run_mpi(2, "import sys; sys.exit(3)")
     with pytest.raises(AssertionError) as err:
         run_mpi(2, "x = 1\nraise ValueError('boom')\n")
     assert 'File "<string>", line 2, in <module>' in str(err.value) and "ValueError: boom" in str(err.value)
@@ -47,14 +38,13 @@ def test_exit_status_and_traceback_reach_mpiexec():
 
 
 def test_an_environment_read_at_import_is_not_forked_but_run_fresh():
-    code = PARENT + "import torch\nprint('fresh', 'forkserver.py' not in PARENT, torch.get_num_threads())\n"
-    out = run_mpi(2, code, env={"TORCH_SHOW_CPP_STACKTRACES": "1"}).stdout.split()
+    out = run_ranks(2, "forkserver_fresh_rank", env={"TORCH_SHOW_CPP_STACKTRACES": "1"}).stdout.split()
     assert out[:2] == ["fresh", "True"], out
 
 
 def test_a_killed_mpiexec_takes_its_forked_ranks_with_it():
     with pytest.raises(subprocess.TimeoutExpired) as err:
-        run_mpi(2, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n", timeout=8)
+        run_ranks(2, "forkserver_sleeper", timeout=8)
     pids = [int(word) for word in (err.value.stdout or b"").split()]
     assert len(pids) == 2, err.value.stdout
     deadline = time.time() + 10
@@ -63,22 +53,48 @@ def test_a_killed_mpiexec_takes_its_forked_ranks_with_it():
     assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a forked rank outlived its mpiexec"
 
 
-def test_a_module_rank_runs_as_python_m_does(tmp_path):
-    """``-m MODULE ARGS``, as MPICluster's engines use it: same output, argv and path as ``python -m``."""
+def test_a_module_rank_runs_as_python_m_does():
+    """``-m MODULE ARGS``, as MPICluster's engines (and run_ranks) use it: same output, argv and path as
+    ``python -m``."""
     from ddlcourse.cluster import forkserver
     from ddlcourse.cluster import find_mpiexec
 
-    sock = _forkserver_socket()
-    (tmp_path / "shout.py").write_text(PARENT + (
-        "import sys\nprint(sys.argv[0].endswith('shout.py'), sys.argv[1:], sys.path[0] == os.getcwd(), __name__)\n"
-        "print('forkserver.py serve' in PARENT)\n"))
+    sock = forkserver_socket()
     outs = []
-    for rank in (forkserver.rank_command(sock, ["-m", "shout", "a", "b"]), [sys.executable, "-m", "shout", "a", "b"]):
+    for rank in (forkserver.rank_command(sock, module_argv("forkserver_argv_and_path", "a", "b")),
+                 module_command("forkserver_argv_and_path", "a", "b")):
         p = subprocess.run([find_mpiexec(), "-n", "1", *rank], capture_output=True, text=True, timeout=60,
-                           cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
         outs.append((p.returncode, p.stdout))
     same = "True ['a', 'b'] True __main__\n"
     assert outs == [(0, same + "True\n"), (0, same + "False\n")], outs
+
+
+def test_run_ranks_runs_a_module_of_tests_ranks_with_its_arguments():
+    """``run_ranks(n, "name", *args)``: ``tests/ranks/name.py`` as ``__main__`` on every rank, from the repository
+    root, with the arguments as strings (paths and numbers converted); anything else must be JSON already."""
+    out = run_ranks(2, "forkserver_module_rank", "a b", 3, ROOT / "x").stdout
+    assert json.loads(out) == [["a b", "3", str(ROOT / "x")], "__main__", True, str(ROOT), str(ROOT)], out
+    with pytest.raises(TypeError, match="json.dumps"):
+        run_ranks(2, "forkserver_module_rank", {"a": 1})
+    with pytest.raises(FileNotFoundError, match="no rank script"):
+        run_ranks(2, "no_such_script")
+
+
+def test_run_ranks_fails_with_the_scripts_traceback():
+    """A rank that raises: run_ranks raises with the traceback, which names the script's file and line."""
+    script = RANKS / "forkserver_module_rank.py"
+    line = script.read_text().splitlines().index('    raise ValueError("boom")') + 1
+    with pytest.raises(AssertionError) as err:
+        run_ranks(2, "forkserver_module_rank", "fail")
+    assert f'File "{script}", line {line}, in <module>' in str(err.value), str(err.value)
+    assert "ValueError: boom" in str(err.value) and "forkserver.py" not in str(err.value)
+
+
+def test_check_on_ranks_needs_every_rank_to_reach_finish():
+    """An exercise check passes only if its script printed the line of tests/ranks/_on_ranks.finish."""
+    with pytest.raises(AssertionError, match="__main__"):
+        check_on_ranks(2, "forkserver_module_rank", "a")
 
 
 def test_shared_servers_are_reused_restarted_and_stopped(tmp_path):
@@ -110,9 +126,8 @@ def test_a_forked_rank_writes_out_as_python_does(unbuffered):
     env.pop("PYTHONUNBUFFERED", None)
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
-    code = "import sys, time\nprint('out')\nsys.stderr.write('err\\n')\ntime.sleep(60)\n"
-    p = subprocess.Popen(forkserver.rank_command(_forkserver_socket(), ["-c", code]), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(forkserver.rank_command(forkserver_socket(), module_argv("forkserver_out_err")), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     try:
         got = {}
         for name, pipe, wait in (("err", p.stderr, 20), ("out", p.stdout, 20 if unbuffered else 1)):

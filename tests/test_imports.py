@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT, module_command
+
 PKG_DIR = Path(__file__).resolve().parents[1] / "ddlcourse"
 PKG = "ddlcourse"
 MAX_LINES = 600
@@ -249,12 +251,10 @@ def test_importing_the_package_skips_the_exit_collection():
     fraction of the time (env/bench_cluster.py prints both). The trade-off, shown here: a reference cycle's
     finaliser no longer runs at exit; without the package it does."""
     import subprocess
-    import sys
 
-    cycle = ("class A:\n    def __del__(self):\n        print('finalised at exit', flush=True)\n"
-             "a = A()\na.me = a\ndel a\n")
-    plain = subprocess.run([sys.executable, "-c", cycle], capture_output=True, text=True, check=True)
-    course = subprocess.run([sys.executable, "-c", "import ddlcourse\n" + cycle], capture_output=True, text=True,
-                            check=True, cwd=Path(__file__).resolve().parent.parent)
+    plain = subprocess.run(module_command("imports_exit_cycle", "plain"), capture_output=True, text=True, check=True,
+                           cwd=ROOT)
+    course = subprocess.run(module_command("imports_exit_cycle", "course"), capture_output=True, text=True, check=True,
+                            cwd=ROOT)
     assert "finalised at exit" in plain.stdout
     assert "finalised at exit" not in course.stdout

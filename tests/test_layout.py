@@ -7,6 +7,8 @@ import torch
 from ddlcourse import layout
 from ddlcourse.models import transformer as T
 
+from helpers import run_ranks
+
 
 @pytest.mark.parametrize("kw", [dict(), dict(n_experts=4, top_k=2), dict(dim=48, n_heads=6, mlp_ratio=2, n_layers=3)])
 def test_parameter_count_is_exact(kw):
@@ -59,28 +61,9 @@ def test_candidates_fit_memory_and_are_sorted():
     assert all(d["layout"].world == 64 for d in c)
 
 
-CP = """
-import json
-from mpi4py import MPI
-from ddlcourse import dist, layout
-from ddlcourse.models import transformer as T
-from ddlcourse.parallel import context, expert
-from ddlcourse.experiments import context as context_exp, expert as expert_exp
-dist.init()
-cfg = T.TransformerConfig(vocab=11, seq_len=128, dim=64, n_heads=8, n_layers=1)
-cp = context_exp.measure_block(cfg, batch=1)
-cp3 = context_exp.measure_block(cfg, batch=3)                          # more than one sequence per micro-batch
-ep = expert_exp.measure_traffic(tokens_per_rank=512, experts_per_rank=2, top_k=2, capacity_factor=2.0, skew=0.0)
-res = MPI.COMM_WORLD.gather(dict(cp=cp, cp3=cp3, ep=ep), root=0)
-if dist.rank() == 0:
-    print("RESULT" + json.dumps(res))
-dist.shutdown()
-"""
-
-
 @pytest.mark.parametrize("n", [2, 4])
-def test_context_and_expert_parallel_within_10_percent(mpi, n):
-    res = json.loads(mpi(n, CP).stdout.split("RESULT")[1])
+def test_context_and_expert_parallel_within_10_percent(n):
+    res = json.loads(run_ranks(n, "layout_context_and_expert_measured").stdout.split("RESULT")[1])
     cfg = T.TransformerConfig(vocab=11, seq_len=128, dim=64, n_heads=8, n_layers=1)
     m, lay = layout.Model.from_config(cfg), layout.Layout(cp=n, micro_batch=1)
     worst = max(r["cp"]["saved"] for r in res)                       # the formula is for the busiest rank

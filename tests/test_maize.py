@@ -12,6 +12,8 @@ from ddlcourse.data import maize as data
 from ddlcourse.data.cache import DataError
 from ddlcourse.models.maize import OFFSET_SCALE, CropAutoencoder, UNet, group_instances
 
+from helpers import run_ranks
+
 
 # --------------------------------------------------------------------------- generator geometry
 def test_ribbon_is_a_tapered_circular_arc():
@@ -126,20 +128,8 @@ def test_global_batches_are_the_same_for_any_world_size():
 
 # --------------------------------------------------------------------------- training
 @pytest.mark.slow
-def test_two_ranks_match_one_rank_and_horovod_matches_ddp(mpi, tmp_path):
-    code = """
-import json, numpy as np
-from ddlcourse.cases import maize
-from ddlcourse import dist
-out = {}
-for name, over in [("ddp1", dict(backend="ddp", ranks=1)), ("ddp2", dict(backend="ddp", ranks=2)),
-                   ("hvd2", dict(backend="horovod"))]:
-    r = maize.train(maize.Config.make("smoke", fresh=True, run_name="t-" + name, eval=False, seg_epochs=1,
-                                      ae_epochs=1, **over))
-    if r is not None: out[name] = [r["loss"], r["ae_loss"]]
-if dist.rank() == 0: print("JSON" + json.dumps(out))
-"""
-    p = mpi(2, code, env={"DDLCOURSE_RESULTS": str(tmp_path)})
+def test_two_ranks_match_one_rank_and_horovod_matches_ddp(tmp_path):
+    p = run_ranks(2, "maize_ranks_and_backends", env={"DDLCOURSE_RESULTS": str(tmp_path)})
     out = json.loads(p.stdout.split("JSON")[1])
     for k in (0, 1):                                         # segmentation and autoencoder losses
         assert np.allclose(out["ddp2"][k], out["ddp1"][k], rtol=1e-4), out

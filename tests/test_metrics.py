@@ -4,6 +4,8 @@ import pytest
 
 from ddlcourse import metrics
 
+from helpers import run_ranks
+
 
 def test_confusion_and_segmentation_known_answer():
     t = np.array([0, 0, 1, 1, 2, 2])
@@ -53,33 +55,9 @@ def test_auroc_and_ap_known_answers():
         metrics.roc_auc([0.1, 0.2], [1, 1])
 
 
-CODE = r"""
-import numpy as np
-from mpi4py import MPI
-from ddlcourse import metrics
-comm = MPI.COMM_WORLD; r, n = comm.Get_rank(), comm.Get_size()
-g = np.random.default_rng(0)
-t = g.integers(0, 4, 1000); p = np.where(g.random(1000) < 0.7, t, g.integers(0, 4, 1000))
-s = g.random(1000) + t * 0.1; y = (t == 3)
-cuts = [0, 100, 700, 1000]                      # deliberately uneven shards
-sl = slice(cuts[r], cuts[r + 1])
-dist_cm = metrics.confusion_matrix(p[sl], t[sl], 4, comm=comm)
-ok = (dist_cm == metrics.confusion_matrix(p, t, 4)).all()
-ok &= abs(metrics.roc_auc(s[sl], y[sl], comm) - metrics.roc_auc(s, y)) < 1e-12
-ok &= abs(metrics.average_precision(s[sl], y[sl], comm) - metrics.average_precision(s, y)) < 1e-12
-ok &= abs(metrics.global_mean(s[sl], comm) - s.mean()) < 1e-12
-# the wrong way (mean of per-rank accuracies) differs on uneven shards
-local_acc = (p[sl] == t[sl]).mean()
-wrong = comm.allreduce(local_acc) / n
-ok &= abs(wrong - (p == t).mean()) > 1e-4
-res = comm.gather(bool(ok), root=0)
-if r == 0: print(all(res))
-"""
-
-
 @pytest.mark.mpi
-def test_metrics_reduced_over_uneven_shards_equal_whole_set(mpi):
-    assert mpi(3, CODE).stdout.strip() == "True"
+def test_metrics_reduced_over_uneven_shards_equal_whole_set():
+    assert run_ranks(3, "metrics_uneven_shards").stdout.strip() == "True"
 
 
 # --------------------------------------------------------------------------- instance segmentation (lab 1): known answers
@@ -108,24 +86,5 @@ def test_average_precision_known_answers():
         ap([0.5], [True], 0)
 
 
-def test_instance_stats_over_two_ranks_equal_serial(mpi):
-    code = """
-import numpy as np
-from mpi4py import MPI
-from ddlcourse import metrics
-rng = np.random.default_rng(0)
-imgs = []
-for i in range(6):                     # random true and predicted id maps with random scores
-    gt = rng.integers(0, 4, (8, 8)); pred = np.where(rng.random((8, 8)) < 0.8, gt, rng.integers(0, 5, (8, 8)))
-    imgs.append((pred, rng.random(int(pred.max())), gt))
-comm = MPI.COMM_WORLD
-serial = metrics.InstanceStats(); local = metrics.InstanceStats()
-for i, (p, s, g) in enumerate(imgs):
-    serial.add(p, s, g)
-    if i % comm.size == comm.rank: local.add(p, s, g)
-a, b = serial.result(), local.result(comm)
-assert abs(a["ap50"] - b["ap50"]) < 1e-12 and abs(a["ap"] - b["ap"]) < 1e-12, (a, b)
-assert abs(a["miou_matched"] - b["miou_matched"]) < 1e-12 and a["n_gt"] == b["n_gt"]
-if comm.rank == 0: print("OK", a["ap50"])
-"""
-    assert "OK" in mpi(2, code).stdout
+def test_instance_stats_over_two_ranks_equal_serial():
+    assert "OK" in run_ranks(2, "metrics_instance_stats").stdout

@@ -43,6 +43,8 @@ import pytest
 from ddlcourse import checks, cluster, integrity
 from ddlcourse.cluster import processes
 
+from helpers import module_command
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "env" / "multinode"))
 from harness import NODES, TwoNodes, children, clean_env  # noqa: E402
@@ -102,18 +104,8 @@ def test_controller_listens_beyond_loopback_only_when_engines_may_be_elsewhere(m
 
 def test_a_term_during_the_teardown_waits_for_it_then_ends_the_process(tmp_path):
     """The rehearsal was once killed half-way through tearing the nodes down, leaving both standing."""
-    code = f"""
-import os, signal, sys, time
-sys.path.insert(0, {str(ROOT / "env" / "multinode")!r})
-from harness import _signals_held
-signal.signal(signal.SIGTERM, lambda signum, frame: (print("handler", flush=True), sys.exit(143)))
-with _signals_held():
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(0.2)
-    print("teardown finished", flush=True)
-print("not reached", flush=True)
-"""
-    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(module_command("multinode_teardown_term", ROOT / "env" / "multinode"), capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
     assert p.stdout.split() == ["teardown", "finished", "handler"], p.stdout + p.stderr
     assert p.returncode == 143
 

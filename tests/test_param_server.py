@@ -7,6 +7,8 @@ from ddlcourse.parallel import param_server as ps
 
 from ddlcourse.experiments import param_server as ps_exp
 
+from helpers import run_ranks
+
 
 def test_shard_bounds_cover_everything():
     b = ps.shard_bounds(10, 3)
@@ -33,32 +35,11 @@ def test_traffic_model():
     assert m["ring"] == pytest.approx(2 * 4 / 5 * 8000)
 
 
-CODE = r"""
-import numpy as np
-from mpi4py import MPI
-from ddlcourse.parallel import param_server as ps
-from ddlcourse.experiments import param_server as ps_exp
-c = MPI.COMM_WORLD
-servers = [1, 2] if c.size >= 4 else [1]
-sync = {S: ps_exp.compare_sync(steps=4, lr=0.5, n_servers=S, n_train=48, dim=4, hidden=8) for S in servers}
-tr = ps_exp.traffic(1000, n_servers=1, steps=2)
-trs = c.gather(tr, root=0)
-asy = ps_exp.train_async(steps=3, n_train=48, dim=4, hidden=8)
-kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
-l1 = ps_exp.train_local_sgd(1, **kw)
-ar = ps_exp.train_allreduce(**kw)
-l3 = ps_exp.train_local_sgd(3, **kw)
-d_local = c.allreduce(float(np.abs(l1["params"] - ar["params"]).max()), op=MPI.MAX)
-if c.rank == 0:
-    print(repr((sync, trs, len(asy["staleness"]), min(asy["staleness"]), d_local, l1["at"], l3["at"],
-                l1["bytes_per_step"], l3["bytes_per_step"])))
-"""
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
-def test_sync_ps_equals_serial_and_allreduce(mpi, n):
-    sync, trs, n_stale, min_stale, d_local, at1, at3, b1, b3 = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
+def test_sync_ps_equals_serial_and_allreduce(n):
+    out = run_ranks(n, "param_server_sync_traffic_local_sgd").stdout
+    sync, trs, n_stale, min_stale, d_local, at1, at3, b1, b3 = eval(out.strip().splitlines()[-1])
     for d in sync.values():
         assert d["ps_vs_serial"] < 1e-12 and d["allreduce_vs_serial"] < 1e-12, sync
     model = ps_exp.traffic_model(1000, n_ranks=n, n_servers=1)
@@ -72,34 +53,10 @@ def test_sync_ps_equals_serial_and_allreduce(mpi, n):
     assert b3 == pytest.approx(b1 / 3)
 
 
-EXERCISE = r"""
-import numpy as np
-from mpi4py import MPI
-from ddlcourse import selfcheck
-from ddlcourse.parallel.param_server import push_pull, GRAD, PARAM
-from ddlcourse.exercises.solutions import parameter_server as sol
-
-def mine(comm, grad, params, shards):          # a correct solution with non-blocking sends
-    reqs = [comm.Isend(np.ascontiguousarray(grad[a:b]), dest=s, tag=GRAD) for s, (a, b) in enumerate(shards)]
-    MPI.Request.Waitall(reqs)
-    for s, (a, b) in enumerate(shards):
-        comm.Recv(params[a:b], source=s, tag=PARAM)
-    return params
-
-def skeleton(comm, grad, params, shards):
-    raise NotImplementedError
-
-v = [selfcheck.run_checker("ps_push_pull", f) for f in (push_pull, mine, sol._push_params, sol._no_pull, skeleton)]
-allv = MPI.COMM_WORLD.gather([(x.ok, x.message) for x in v], root=0)
-if MPI.COMM_WORLD.rank == 0:
-    print(repr(allv))
-"""
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
-def test_push_pull_exercise_checker(mpi, n):
-    allv = eval(mpi(n, EXERCISE).stdout.strip().splitlines()[-1])
+def test_push_pull_exercise_checker(n):
+    allv = eval(run_ranks(n, "param_server_push_pull_checker").stdout.strip().splitlines()[-1])
     assert all(r[0] == (True, "") and r[1] == (True, "") for r in allv)
     assert all(not r[2][0] and "push the gradient" in r[2][1] for r in allv)
     assert all(not r[3][0] and "never received" in r[3][1] for r in allv)

@@ -9,6 +9,8 @@ import pytest
 
 from ddlcourse import perfmodel as pm
 
+from helpers import run_ranks
+
 LINK = pm.Link(alpha=5e-6, bandwidth=10e9)
 
 
@@ -133,11 +135,8 @@ def test_tensor_core_what_if_shortens_compute_and_network_units():
     assert gbe1["exposed_comm"] > 5 * gbe10["exposed_comm"]
 
 
-def test_measure_allreduce_on_two_ranks_and_fit(mpi):
-    code = ("import json; from ddlcourse import perfmodel as pm; from mpi4py import MPI\n"
-            "t = pm.measure_allreduce([4096, 262144, 1048576], repeats=3)\n"
-            "if MPI.COMM_WORLD.rank == 0: print('RESULT', json.dumps(t))")
-    out = mpi(2, code).stdout
+def test_measure_allreduce_on_two_ranks_and_fit():
+    out = run_ranks(2, "perfmodel_measure_allreduce").stdout
     t = {int(k): v for k, v in json.loads(out.split("RESULT", 1)[1]).items()}
     assert sorted(t) == [4096, 262144, 1048576] and all(v > 0 for v in t.values())
     link = pm.fit_alpha_beta(list(t), list(t.values()), p=2)

@@ -1,5 +1,7 @@
 """Notebook 17: torch.distributed.pipelining schedules against the serial model; the interleaved order and
 its exercise checker; the bubble formulas; the saved-activation count of GPipe and 1F1B."""
+import json
+
 import pytest
 
 from ddlcourse import selfcheck
@@ -8,37 +10,15 @@ from ddlcourse.exercises.solutions import pipeline_schedules as sol
 from ddlcourse.parallel import pipeline_schedules as S
 from ddlcourse.experiments import pipeline_schedules as S_exp
 
-CODE = """
-import torch
-from mpi4py import MPI
-from ddlcourse import dist
-from ddlcourse.parallel import pipeline_schedules as S
-from ddlcourse.experiments import pipeline_schedules as S_exp
-torch.set_num_threads(1)
-dist.init()
-n = dist.world_size()
-worst, losses = {}, {}
-for name in NAMES_HERE:
-    r = S_exp.compare_with_serial(name, num_micro_batches=2 * n, micro_batch=3, dim=12, layers_per_rank=2)
-    rs = MPI.COMM_WORLD.gather(r, root=0)
-    if dist.rank() == 0:
-        worst[name] = max(max(d["grad_diff"], d["loss_diff"]) for d in rs)
-        losses[name] = sorted(d["n_losses"] for d in rs)
-m = S_exp.measure("GPipe", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
-f = S_exp.measure("1F1B", num_micro_batches=4, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
-i = S_exp.measure("Interleaved1F1B", num_micro_batches=2 * n, micro_batch=2, dim=16, layers_per_rank=2, repeats=1)
-held = MPI.COMM_WORLD.gather((m["held"], f["held"], m["busy"] > 0, len(m["events"]), i["held"]), root=0)
-if dist.rank() == 0:
-    print("RESULT", repr((worst, losses, held)))
-dist.shutdown()
-"""
+from helpers import run_ranks
+
 
 NAMES = ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_schedules_match_serial(mpi, n):
-    out = mpi(n, CODE.replace("NAMES_HERE", repr(NAMES))).stdout
+def test_schedules_match_serial(n):
+    out = run_ranks(n, "pipeline_schedules_vs_serial", json.dumps(NAMES)).stdout
     worst, losses, held = eval(out.split("RESULT", 1)[1].strip())
     assert set(worst) == set(NAMES), out
     for name in NAMES:

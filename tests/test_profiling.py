@@ -9,6 +9,8 @@ from ddlcourse import profiling as P
 from ddlcourse import selfcheck
 from ddlcourse.exercises.solutions import profiling as ex
 
+from helpers import ROOT, module_command, run_ranks
+
 
 # --------------------------------------------------------------------------- interval arithmetic
 def test_union_total_subtract_by_hand():
@@ -111,41 +113,15 @@ def test_plot_step_draws_every_phase():
 
 
 def test_profile_step_needs_init():
-    code = ("from ddlcourse import profiling as P\ntry:\n    P.profile_step(4, 8, 1, 4)\nexcept RuntimeError as e:\n"
-            "    assert 'dist.init' in str(e)\nelse:\n    raise SystemExit('no error')\n")
     import subprocess
-    import sys
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run(module_command("profiling_needs_init"), check=True, timeout=120, cwd=ROOT)
 
 
 # --------------------------------------------------------------------------- on 2 gloo ranks
-RANKS = r"""
-from ddlcourse import dist, profiling as P
-from ddlcourse.dist import on_first_ranks
-import os, pytest
-info = dist.init()
-kw = dict(dim=16, hidden=64, depth=2, batch=16, steps=2, bucket_cap_mb=0.01)
-serial = on_first_ranks(1, P.profile_step, ddp=False, **kw)
-both = on_first_ranks(2, P.profile_step, trace_dir=os.environ["TRACE_DIR"], **kw)
-slow = on_first_ranks(2, P.profile_step, delay_rank=1, delay_s=0.3, **kw)
-with pytest.raises(ValueError, match="delay_rank"):
-    P.profile_step(delay_rank=5, **kw)
-cmp = on_first_ranks(2, P.compare_compile, dim=16, hidden=64, depth=2, batch=16, steps=2, backend="aot_eager")
-lines = dist._comm().gather(
-    f"rank {info.rank}: serial_comm {None if serial is None else serial['phases']['allreduce'] == 0} "
-    f"ddp_comm {both['phases']['allreduce'] > 0} events {all(len(s) > 0 for s in both['steps'])} "
-    f"trace {os.path.isfile(both['trace'])} wait {slow['phases']['allreduce']:.4f} "
-    f"same {cmp['loss_diff'] <= 1e-5 * abs(cmp['loss']) and cmp['grad_diff'] <= 1e-5 * cmp['grad_scale']}", root=0)
-waits = dist._comm().gather(slow["phases"]["allreduce"], root=0)
-if info.rank == 0:
-    print("\n".join(lines))
-    print("straggler", P.find_straggler(waits))
-dist.shutdown()
-"""
 
 
-def test_profile_step_on_two_ranks(mpi, tmp_path):
-    out = mpi(2, RANKS, env={"TRACE_DIR": str(tmp_path)}).stdout
+def test_profile_step_on_two_ranks(tmp_path):
+    out = run_ranks(2, "profiling_step_on_two_ranks", env={"TRACE_DIR": str(tmp_path)}).stdout
     assert "rank 0: serial_comm True ddp_comm True events True trace True" in out, out
     assert "rank 1: serial_comm None ddp_comm True events True trace True" in out, out
     assert out.count("same True") == 2, out

@@ -7,6 +7,8 @@ import pytest
 from ddlcourse.exercises.checkers import parameter_server as ex
 from ddlcourse.experiments import param_server as ps_exp
 
+from helpers import run_ranks
+
 
 def test_traffic_model_counts_bytes_sent():
     P = 1000 * 8
@@ -30,25 +32,10 @@ def test_exercise_2_references():
         assert S == math.ceil((W + 1) / 2)
 
 
-CODE = r"""
-from mpi4py import MPI
-from ddlcourse.parallel import param_server as ps
-from ddlcourse.experiments import param_server as ps_exp
-c = MPI.COMM_WORLD
-tr = c.gather(ps_exp.traffic(1000, n_servers=1, steps=2), root=0)
-kw = dict(steps=6, global_batch=24, lr=0.5, n_train=48, dim=4, hidden=8)
-l1 = ps_exp.train_local_sgd(1, **kw)
-l3 = ps_exp.train_local_sgd(3, **kw)
-n_params = l1["params"].size
-if c.rank == 0:
-    print(repr((tr, n_params, l1["bytes_per_step"], l3["bytes_per_step"])))
-"""
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [3, 4])
-def test_counted_bytes_are_bytes_sent(mpi, n):
-    tr, n_params, b1, b3 = eval(mpi(n, CODE).stdout.strip().splitlines()[-1])
+def test_counted_bytes_are_bytes_sent(n):
+    tr, n_params, b1, b3 = eval(run_ranks(n, "ps_traffic_counted_bytes").stdout.strip().splitlines()[-1])
     model = ps_exp.traffic_model(1000, n_ranks=n, n_servers=1)
     for t in tr:
         assert t["ps_bytes"] == model[t["role"]]                      # counted sends = the model

@@ -6,6 +6,8 @@ import torch
 from ddlcourse.data import seismic as data
 from ddlcourse.models import seismic as models
 
+from helpers import run_ranks, spy_on_the_device
+
 
 # --------------------------------------------------------------------------- the wavelet
 def test_ricker_known_values():
@@ -154,60 +156,16 @@ def test_spatial_split_needs_less_memory_per_rank():
     assert one / 2 < two < 0.75 * one                   # half the voxels, plus the halo-padded copies
 
 
-TRAIN = """
-import json, os, numpy as np, torch
-from mpi4py import MPI
-from ddlcourse.cases import seismic
-from ddlcourse import training
-small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_volumes=4, cubes_per_volume=2,
-             n_test=2, global_batch=4, width=2, levels=2, epochs=2, lr=1e-2, memory_budget_mb=0, fresh=True)
-out, ddp_made = {}, []
-_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
-def counting_init(self, *a, **k):                # which runs really go through DDP
-    ddp_made.append(1)
-    _ddp_init(self, *a, **k)
-torch.nn.parallel.DistributedDataParallel.__init__ = counting_init
-def run(name, **kw):
-    before = len(ddp_made)
-    r = seismic.train(seismic.Config.make("smoke", **{**small, **kw, "run_name": name}))
-    if MPI.COMM_WORLD.rank == 0:
-        out[name] = (r["history"], r["scores"]["pixel_acc"], r["activation_mb"], r["predicted_activation_mb"],
-                     len(ddp_made) - before)
-run("one", ranks=1)
-run("two", ranks=2)
-run("spatial", ranks=2, spatial=2)
-run("two_allreduce", ranks=2, backend="allreduce")
-run("spatial_allreduce", ranks=2, spatial=2, backend="allreduce")
-run("two_horovod", ranks=2, backend="horovod")
-run("one2d", ranks=1, model="2d")
-run("two2d", ranks=2, model="2d")
-run("half", ranks=1, epochs=1)
-run("half", ranks=1, epochs=2, fresh=False)                  # the second epoch from the checkpoint
-# a corrupt checkpoint: a clear error, exit code 2
-if MPI.COMM_WORLD.rank == 0:
-    d = training.results_dir("seismic") / "ckpt" / "bad" / "3d"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "epoch-0001.pt").write_bytes(b"not a checkpoint")
-MPI.COMM_WORLD.Barrier()
-import warnings; warnings.simplefilter("ignore")
-rc = training.case_cli(seismic, ["run_name=bad", "epochs=2", "memory_budget_mb=0"], scale="smoke")
-if MPI.COMM_WORLD.rank == 0:
-    out["rc_bad_ckpt"] = rc
-    print("RESULT" + json.dumps(out))
-"""
-
-
 @pytest.fixture(scope="module")
 def train_runs(tmp_path_factory):
     import json
     import os
-    from conftest import run_mpi
     tmp = tmp_path_factory.mktemp("seismic")
     env = dict(os.environ, DDLCOURSE_RESULTS=str(tmp / "results"), DDLCOURSE_DATA_DIR=str(tmp / "data"))
     old = os.environ.copy()
     os.environ.update(env)
     try:
-        p = run_mpi(2, TRAIN)
+        p = run_ranks(2, "seismic_train_runs")
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -253,16 +211,14 @@ def test_corrupt_checkpoint_is_a_clear_error(train_runs):
 
 
 def test_model_and_every_cube_go_through_ctx_to(tmp_path, monkeypatch):
-    """Every training forward of the U-Net sees a cube that went through ``ctx.to`` (see test_driving's spy)."""
-    from test_driving import _spy_on_the_device
-
+    """Every training forward of the U-Net sees a cube that went through ``ctx.to`` (helpers.spy_on_the_device)."""
     from ddlcourse.cases import seismic
     monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DDLCOURSE_RESULTS", str(tmp_path / "results"))
     small = dict(volume=[32, 16, 16], cube=[16, 8, 8], spatial_cube=[16, 8, 8], n_volumes=2, cubes_per_volume=2,
                  n_test=1, global_batch=4, width=2, levels=2, epochs=1, memory_budget_mb=0, ranks=1, fresh=True)
     for model in ("3d", "2d"):
-        moved_modules, checks, handle = _spy_on_the_device(monkeypatch, models.UNet)
+        moved_modules, checks, handle = spy_on_the_device(monkeypatch, models.UNet)
         try:
             r = seismic.train(seismic.Config.make("smoke", model=model, run_name="dev-" + model, **small))
         finally:

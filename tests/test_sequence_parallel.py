@@ -11,29 +11,16 @@ from ddlcourse.models import transformer as T
 from ddlcourse.parallel import sequence
 from ddlcourse.experiments import sequence as sequence_exp
 
+from helpers import run_ranks
+
 CFG = dict(vocab=11, seq_len=16, dim=32, n_heads=4, n_layers=1)
 MEM = dict(vocab=11, seq_len=32, dim=128, n_heads=4, n_layers=1)
 
-CODE = f"""
-import json
-from mpi4py import MPI
-from ddlcourse import dist
-from ddlcourse.models import transformer as T
-from ddlcourse.parallel import sequence
-from ddlcourse.experiments import sequence as sequence_exp
-dist.init()
-cmp = sequence_exp.compare_with_serial(T.TransformerConfig(**{CFG!r}), batch=2)
-mem = sequence_exp.activation_sweep(T.TransformerConfig(**{MEM!r}), batch=2)
-res = MPI.COMM_WORLD.gather(dict(cmp=cmp, mem=mem), root=0)
-if dist.rank() == 0:
-    print("RESULT" + json.dumps(res))
-dist.shutdown()
-"""
-
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_tensor_and_sequence_parallel_equal_serial_and_the_formulas(mpi, n):
-    res = json.loads(mpi(n, CODE).stdout.split("RESULT")[1])
+def test_tensor_and_sequence_parallel_equal_serial_and_the_formulas(n):
+    out = run_ranks(n, "sequence_parallel_vs_serial", json.dumps(CFG), json.dumps(MEM)).stdout
+    res = json.loads(out.split("RESULT")[1])
     assert len(res) == n
     for r in res:
         for scheme in ("tp", "tp_sp", "dtensor", "dtensor_sp", "model_sp"):
@@ -74,6 +61,5 @@ def test_sp_formula_shrinks_only_the_norms():
 
 
 def test_bad_splits_are_refused():
-    import torch.distributed as tdist
     with pytest.raises(ValueError, match="not divisible"):
         sequence._cols(torch.nn.Linear(4, 6), 0, 4)

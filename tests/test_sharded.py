@@ -3,30 +3,11 @@ import pytest
 
 from ddlcourse.parallel.sharded import assign_owners, predicted_bytes_per_param
 
-CODE = """
-from mpi4py import MPI
-from ddlcourse import dist
-from ddlcourse.parallel import sharded
-from ddlcourse.experiments import sharded as sharded_exp
-dist.init()
-out = {}
-for mode in ("ddp", "zero1", "zero2", "fsdp"):
-    d = sharded_exp.compare_with_serial(mode, steps=3, global_batch=16, dim=16, hidden=32, depth=2)
-    worst = MPI.COMM_WORLD.allreduce(max(d["param_diff"], d["loss_diff"]), op=MPI.MAX)
-    mem = MPI.COMM_WORLD.allreduce(d["memory"]["total"], op=MPI.SUM) / dist.world_size()
-    out[mode] = (worst, mem)
-if dist.rank() == 0:
-    for m, (w, mem) in out.items():
-        print("MODE", m, w, mem)
-dist.shutdown()
-import gc
-alive = sorted({type(o).__name__ for o in gc.get_objects() if type(o).__name__.startswith("FSDP")})
-print("ALIVE AFTER SHUTDOWN", MPI.COMM_WORLD.Get_rank(), alive)
-"""
+from helpers import run_ranks
 
 
-def test_sharded_matches_serial_and_saves_memory(mpi):
-    p = mpi(2, CODE)
+def test_sharded_matches_serial_and_saves_memory():
+    p = run_ranks(2, "sharded_vs_serial")
     rows = {l.split()[1]: (float(l.split()[2]), float(l.split()[3])) for l in p.stdout.splitlines() if l.startswith("MODE")}
     assert set(rows) == {"ddp", "zero1", "zero2", "fsdp"}, p.stdout
     for mode, (worst, _) in rows.items():
@@ -46,23 +27,10 @@ def test_owners_balanced():
     assert predicted_bytes_per_param("zero2", 4) == 7.0
 
 
-VOLUME_CODE = """
-from ddlcourse import dist
-from ddlcourse.parallel import sharded
-from ddlcourse.experiments import sharded as sharded_exp
-dist.init()
-for mode in sharded.MODES:
-    r = sharded_exp.train(mode, steps=2, global_batch=24, dim=16, hidden=48, depth=2, count_bytes=True)
-    tot = sum(r["sent"].values())
-    print("VOL", dist.rank(), mode, tot, sharded.predicted_comm_bytes(mode, r["n_params"], dist.world_size()))
-dist.shutdown()
-"""
-
-
-def test_communication_volume_counted_on_ranks(mpi):
+def test_communication_volume_counted_on_ranks():
     # The bytes the ranks' collectives send per step (counted where they are called) against the formula:
     # ZeRO-1/2 send what DDP sends, ZeRO-3 (FSDP) 1.5 times as much.
-    out = mpi(3, VOLUME_CODE).stdout
+    out = run_ranks(3, "sharded_communication_volume").stdout
     rows = [l.split() for l in out.splitlines() if l.startswith("VOL")]
     assert len(rows) == 3 * 4, out
     got = {(int(r[1]), r[2]): (float(r[3]), float(r[4])) for r in rows}

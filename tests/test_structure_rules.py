@@ -28,6 +28,17 @@ Three mistakes that a CPU-only CI never sees, each found by reading the code:
    start-up, file I/O and NumPy work, each with its reason).
 
 Each rule has a test that it fails on the code it was written against (the old ring attention, the old 12e).
+
+Two rules over the tests themselves, each shown to catch planted examples:
+
+4. **A script the tests run is a module.** Code that runs on MPI ranks (or in a ``python`` of its own) lives in
+   ``tests/ranks/`` and runs by name (``helpers.run_ranks``, ``helpers.module_command``), where linters see it
+   and its traceback names its file and line; no string of more than one line of Python reaches a runner
+   (``run_mpi``, a subprocess, ``[..., "-c", code]``). Exceptions: :data:`SCRIPTS_ALLOWED`, each with its
+   reason. Every script of ``tests/ranks/`` is run by some test.
+5. **One helper module.** A test module imports what tests share from ``tests/helpers.py``, never from another
+   test module or from ``conftest.py``; a rank script imports nothing of ``tests/`` but ``tests.ranks``.
+   Exceptions: :data:`IMPORTS_ALLOWED`.
 """
 from __future__ import annotations
 
@@ -38,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from test_device_placement import _functions  # noqa: E402  (tests/ is on sys.path under pytest)
+from helpers import top_level_functions
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = sorted(p.relative_to(ROOT).as_posix() for d in ("ddlcourse", "instructor") for p in (ROOT / d).rglob("*.py"))
@@ -84,8 +95,6 @@ def _resolve(node: ast.AST, names: dict[str, str]) -> str | None:
     return d
 
 
-
-
 def _calls(fn, names):
     """``(call node, dotted name of what it calls, inside a loop?)`` for every call in ``fn``'s body."""
     loops = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -125,7 +134,7 @@ def p2p_findings(source: str, module: str = "<source>") -> list[str]:
     tree = ast.parse(source)
     names = _imports(tree)
     found = []
-    for name, fn in _functions(tree):
+    for name, fn in top_level_functions(tree):
         if (module, name) in P2P_ALLOWED:
             continue
         sends, recvs, looped = [], [], []
@@ -260,7 +269,7 @@ def temp_findings(source: str, module: str = "<source>") -> list[str]:
     tree = ast.parse(source)
     names, docs = _imports(tree), _docstrings(tree)
     found = []
-    for name, fn in _functions(tree):
+    for name, fn in top_level_functions(tree):
         uses = _temp_uses(fn, names, docs)
         if uses and (module, name) not in TEMP_ALLOWED:
             found.append(f"{module}: {name}() uses {', '.join(uses)}: use training.run_dir(name)")
@@ -310,7 +319,7 @@ def test_every_temp_exception_is_still_used():
     """An allowed entry whose function no longer uses a temporary path is dropped (it would hide a new one)."""
     for module, name in TEMP_ALLOWED:
         tree = ast.parse((ROOT / module).read_text())
-        fns = dict(_functions(tree))
+        fns = dict(top_level_functions(tree))
         assert name in fns, f"{module}: no function {name}"
         assert _temp_uses(fns[name], _imports(tree), _docstrings(tree)), f"{module}:{name} uses no temporary path"
 
@@ -389,7 +398,7 @@ def timer_findings(source: str, module: str = "<source>") -> list[str]:
     names = _imports(tree)
     torch_names = {k for k, v in names.items() if v.split(".")[0] in TORCH}
     found = []
-    for name, fn in _functions(tree):
+    for name, fn in top_level_functions(tree):
         if (module, name) in HOST_TIMERS:
             continue
         after_sync = _lines_after_a_synchronize(fn)
@@ -444,7 +453,7 @@ def test_timers_of_device_work_synchronise(module):
 def test_every_exception_names_a_function_that_exists():
     for table in (P2P_ALLOWED, HOST_TIMERS):
         for module, name in table:
-            fns = dict(_functions(ast.parse((ROOT / module).read_text())))
+            fns = dict(top_level_functions(ast.parse((ROOT / module).read_text())))
             assert name in fns, f"{module}: no function {name} (an exception for a function that is gone)"
 
 
@@ -629,3 +638,312 @@ def test_the_group_rule_sees_a_private_builder():
            "    m = init_device_mesh('cpu', (dp, tp))\n    local = comm.Split(comm.rank // tp, comm.rank)\n"
            "    host = comm.Split_type(0)\n    return rows, m, local, host, comm.Get_group()\n")
     assert group_calls(ast.parse(src)) == [4, 5, 6]
+
+
+# --------------------------------------------------------------------------- the tests' own code: scripts are modules
+TESTS = ROOT / "tests"
+RANKS = TESTS / "ranks"
+# What runs code it is given: the runners of tests/helpers.py and conftest's fixtures, a subprocess, a fork-server
+# rank; a function of the scanned module that hands one of its parameters to one of these is one too.
+RUNNER_CALLS = {"run_mpi", "mpi", "on_ranks", "check_on_ranks", "Popen", "check_output", "check_call", "system",
+                "rank_command", "execv", "execvp"}
+RUNNER_DOTTED = {"subprocess.run", "subprocess.call"}
+MAX_SCRIPT_LINES = 1          # a one-line ``python -c`` may stay a string
+
+# (test file, function) -> why a script of more than one line still reaches a runner as a string there.
+SCRIPTS_ALLOWED = {
+    ("test_build_it.py", "test_distributed_checkers_on_ranks"):
+        "someone else's file, not converted yet: its _ON_RANKS (with a CASES = ... prefix) should become a module "
+        "of tests/ranks/ that reads its cases from a JSON file named on its command line",
+    ("test_build_it.py", "test_serial_checkers"): "the same _ON_RANKS as test_distributed_checkers_on_ranks",
+    ("test_forkserver.py", "test_exit_status_and_traceback_reach_mpiexec"):
+        "tests run_mpi's -c path itself: the traceback of a two-line -c script names <string>, line 2",
+}
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _scope_chain(node: ast.AST, parents: dict) -> list[ast.AST]:
+    """The functions around ``node``, innermost first, then the module."""
+    out = []
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)):
+            out.append(node)
+    return out
+
+
+def _is_script(text: str | None) -> int:
+    """How many lines the Python script ``text`` has (0 if it is not one): it parses, with format fields
+    (``{ckpt!r}``) read as names."""
+    if not text:
+        return 0
+    import re
+    import textwrap
+
+    text = textwrap.dedent(text)
+    lines = sum(1 for line in text.splitlines() if line.strip())
+    for candidate in (text, re.sub(r"\{[^{}\n]*\}", "_", text)):
+        try:
+            ast.parse(candidate)
+            return lines
+        except (SyntaxError, ValueError):
+            pass
+    return 0
+
+
+def scripts_in_strings(source: str, module: str = "<test>") -> list[str]:
+    """Every script of more than :data:`MAX_SCRIPT_LINES` lines that reaches a runner (:data:`RUNNER_CALLS`, a
+    ``[..., "-c", code]`` list) as a string built in ``source``: a literal, an f-string, a concatenation, a
+    ``.format``/``.replace``/``dedent`` of one, or a name bound to any of these in the same function or at module
+    level. One finding per string, at the line where it starts."""
+    tree = ast.parse(source)
+    parents = _parents(tree)
+    bound: dict[tuple[ast.AST, str], list[ast.AST]] = {}     # (scope, name) -> the values assigned to it there
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    bound.setdefault((_scope_chain(n, parents)[0], t.id), []).append(n.value)
+
+    def texts(node, depth=0) -> list[tuple[str, int]]:
+        """``(text, line where it starts)`` of each string ``node`` may stand for (placeholders for values)."""
+        if depth > 20:
+            return []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [(node.value, node.lineno)]
+        if isinstance(node, ast.JoinedStr):
+            return [("".join(v.value if isinstance(v, ast.Constant) else "_" for v in node.values), node.lineno)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = texts(node.left, depth + 1), texts(node.right, depth + 1)
+            if not left and not right:
+                return []
+            return [(a + b, (la or lb)) for a, la in left or [("", 0)] for b, lb in right or [("", 0)]]
+        if isinstance(node, ast.Name):
+            for scope in _scope_chain(node, parents):
+                if (scope, node.id) in bound:
+                    return [t for v in bound[(scope, node.id)] for t in texts(v, depth + 1)]
+            return []
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in ("format", "replace", "strip", "lstrip", "rstrip"):
+                return texts(f.value, depth + 1)
+            if (_dotted(f) or "").split(".")[-1] == "dedent" and node.args:
+                return texts(node.args[0], depth + 1)
+        return []
+
+    def strings(node):
+        """The outermost expressions under ``node`` that stand for strings."""
+        if isinstance(node, ast.expr) and texts(node):
+            yield node
+        else:
+            for child in ast.iter_child_nodes(node):
+                yield from strings(child)
+
+    runners = set(RUNNER_CALLS)
+
+    def runner_arguments(root):
+        for n in ast.walk(root):
+            if isinstance(n, ast.Call):
+                d = _dotted(n.func) or ""
+                if d in RUNNER_DOTTED or d.split(".")[-1] in runners:
+                    yield n, d, [*n.args, *(k.value for k in n.keywords)]
+            elif isinstance(n, (ast.List, ast.Tuple)) and any(isinstance(e, ast.Constant) and e.value == "-c"
+                                                              for e in n.elts):
+                yield n, '[..., "-c", ...]', n.elts
+
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    grown = True
+    while grown:                       # a function that hands a parameter of its own to a runner is a runner
+        grown = False
+        for fn in functions:
+            params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+            if fn.name not in runners and any(isinstance(x, ast.Name) and x.id in params
+                                               for _, _, args in runner_arguments(fn) for a in args
+                                               for x in ast.walk(a)):
+                runners.add(fn.name)
+                grown = True
+    found = {}
+    for node, runner, args in runner_arguments(tree):
+        where = next((s.name for s in _scope_chain(node, parents) if isinstance(s, ast.FunctionDef)), "<module>")
+        if (module, where) in SCRIPTS_ALLOWED:
+            continue
+        for sub in (s for a in args for s in strings(a)):
+            for text, line in texts(sub):
+                lines = _is_script(text)
+                if lines > MAX_SCRIPT_LINES and (line, where) not in found:
+                    found[(line, where)] = (f"{module}:{line} {where}(): a {lines}-line script in a string reaches "
+                                            f"{runner}(...) at line {node.lineno}: make it a module of tests/ranks/ "
+                                            "(helpers.run_ranks, helpers.module_command)")
+    return [found[k] for k in sorted(found)]
+
+
+def _test_sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(TESTS.glob("*.py"))}
+
+
+def test_no_test_module_holds_a_script_in_a_string():
+    """A script that runs on MPI ranks (or in a process of its own) is a module of tests/ranks/: linted, with a
+    traceback that names its file and line."""
+    bad = [f for name, src in _test_sources().items() for f in scripts_in_strings(src, name)]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_script_exception_is_still_needed():
+    sources = _test_sources()
+    for module, function in SCRIPTS_ALLOWED:
+        kept = SCRIPTS_ALLOWED.pop((module, function))
+        try:
+            assert any(f" {function}(): " in f for f in scripts_in_strings(sources[module], module)), \
+                f"{module}:{function} runs no script from a string any more: remove it from SCRIPTS_ALLOWED"
+        finally:
+            SCRIPTS_ALLOWED[(module, function)] = kept
+
+
+SCRIPTS_PLANTED = '''
+import subprocess, sys, textwrap
+import pytest
+from helpers import run_mpi, run_ranks
+
+CODE = r"""
+import torch
+from ddlcourse import dist
+dist.init()
+"""
+PHASE = """
+ckpt = {ckpt!r}
+print("SAVED", ckpt)
+"""
+PLANTED_FOR_A_RULE = """
+import torch
+def train(device=None):
+    return torch.randn(3)
+"""
+EXPECTED = """
+RANK 0 M 1 TOTAL 0.9
+RANK 1 M 1 TOTAL 0.9
+"""
+
+
+def _run(code, env):
+    return subprocess.run([sys.executable, "-c", code], env=env)
+
+
+def test_module_level(mpi):
+    mpi(2, CODE)
+
+
+def test_formatted(tmp_path):
+    run_mpi(2, PHASE.format(ckpt=str(tmp_path)))
+
+
+def test_fstring_and_wrapper(tmp_path):
+    code = f"""
+from ddlcourse import datapipe
+print(datapipe.read_contention({str(tmp_path)!r}))
+"""
+    _run(code, {})
+
+
+def test_concatenated(on_ranks):
+    on_ranks(3, "import torch\\n" + "v = run_checker('x', None)\\nassert v.ok\\n")
+
+
+def test_dedented():
+    script = textwrap.dedent("""
+        import os
+        os.kill(os.getpid(), 9)
+    """)
+    subprocess.run([sys.executable, "-c", script])
+
+
+def test_fine(mpi, tmp_path):
+    """A docstring of
+    several lines."""
+    mpi(2, "import sys; sys.exit(bench(['--steps', '1']))")          # a one-liner
+    run_ranks(2, "amp_dp_mixed_precision", tmp_path)                # a module
+    assert "RANK 0" in EXPECTED and rule_findings(PLANTED_FOR_A_RULE) == []   # data, not run
+    subprocess.run(["sh", "-c", "echo one\\necho two"])              # not Python
+'''
+
+
+def test_the_script_rule_finds_planted_scripts():
+    """Each way a script reached a runner as a string before tests/ranks/ is found, once, where the string starts;
+    a one-liner, a module run by name, a docstring, expected output and a planted example for a rule are not."""
+    bad = scripts_in_strings(SCRIPTS_PLANTED, "test_planted.py")
+    got = [(f.split()[0], f.split()[1], f.split(" reaches ")[1].split("(...)")[0]) for f in bad]
+    assert got == [("test_planted.py:6", "test_module_level():", "mpi"),
+                   ("test_planted.py:11", "test_formatted():", "run_mpi"),
+                   ("test_planted.py:39", "test_fstring_and_wrapper():", "_run"),
+                   ("test_planted.py:47", "test_concatenated():", "on_ranks"),
+                   ("test_planted.py:51", "test_dedented():", "subprocess.run")], bad
+
+
+# --------------------------------------------------------------------------- the tests' own code: one helper module
+# A test module imports what tests share from tests/helpers.py, never from another test module or from conftest.py
+# (pytest loads conftest itself, for its hooks and fixtures). A script of tests/ranks/ runs outside pytest: it
+# imports neither of them, nor helpers.
+# test file -> why it still imports another test module.
+IMPORTS_ALLOWED = {
+    "test_build_it.py": "someone else's file, not converted yet: `from conftest import ROOT, run_mpi` (conftest.py "
+                        "takes both from helpers.py, for it)",
+}
+
+
+def imported_test_modules(source: str, rank_script: bool = False) -> list[str]:
+    """``"line: module"`` for each import, anywhere in ``source``, of a test module (``test_*``) or of conftest;
+    in a rank script (``rank_script``) of helpers too."""
+    banned = ("conftest", "helpers") if rank_script else ("conftest",)
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module] if isinstance(n, ast.ImportFrom) and n.module and not n.level else []
+        for name in names:
+            top = name.split(".")[0]
+            if top.startswith("test_") or top in banned:
+                out.append(f"{n.lineno}: {name}")
+    return out
+
+
+def test_test_modules_import_no_other_test_module():
+    bad = [f"tests/{name}:{line}" for name, src in _test_sources().items() if name not in IMPORTS_ALLOWED
+           for line in imported_test_modules(src)]
+    bad += [f"tests/ranks/{p.name}:{line}" for p in sorted(RANKS.glob("*.py"))
+            for line in imported_test_modules(p.read_text(), rank_script=True)]
+    assert not bad, "import what tests share from tests/helpers.py (and nothing of tests/ in tests/ranks/):\n" + \
+        "\n".join(bad)
+
+
+def test_every_import_exception_is_still_needed():
+    sources = _test_sources()
+    for name in IMPORTS_ALLOWED:
+        assert imported_test_modules(sources[name]), f"{name} imports no test module: remove it from IMPORTS_ALLOWED"
+
+
+def test_the_import_rule_finds_planted_imports():
+    planted = ("from __future__ import annotations\nimport json\nfrom test_crossrefs import REF, _numbers\n"
+               "import test_driving as td\nfrom helpers import run_ranks\nfrom ddlcourse.exercises import test_x\n"
+               "def f():\n    from conftest import run_mpi\n    import conftest\n")
+    assert imported_test_modules(planted) == ["3: test_crossrefs", "4: test_driving", "8: conftest", "9: conftest"]
+    script = ("import json\nfrom helpers import RANKS\nfrom tests.ranks._on_ranks import finish\n"
+              "from . import _on_ranks\n")
+    assert imported_test_modules(script) == []
+    assert imported_test_modules(script, rank_script=True) == ["2: helpers"]
+
+
+def _rank_scripts() -> list[str]:
+    return sorted(p.stem for p in RANKS.glob("*.py") if not p.name.startswith("_"))
+
+
+def test_every_rank_script_is_run_by_a_test():
+    """A script of tests/ranks/ is named (a string constant) by some test module; none is named ``test_*``, which
+    pytest would collect and so run inside its own process."""
+    named = {n.value for src in _test_sources().values() for n in ast.walk(ast.parse(src))
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    scripts = _rank_scripts()
+    assert scripts, "no script in tests/ranks/"
+    assert not [s for s in scripts if s.startswith("test_")], "a rank script named test_*: pytest would collect it"
+    unused = [s for s in scripts if s not in named and f"{s}.py" not in named]
+    assert not unused, f"scripts of tests/ranks/ that no test runs: {unused}"

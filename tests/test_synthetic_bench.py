@@ -4,6 +4,8 @@ import torch
 
 from ddlcourse import synthetic_bench as sb
 
+from helpers import run_ranks
+
 
 @pytest.mark.parametrize("name", sb.MODELS)
 def test_models_shape(name):
@@ -33,35 +35,13 @@ def test_bad_arguments():
         sb.summarize([None])
 
 
-CLI = r"""
-from ddlcourse import synthetic_bench as sb
-sb.main(["--model", "smallcnn", "--batch-size", "4", "--image-size", "16", "--width", "4",
-         "--backend", "{backend}", "--num-iters", "2", "--num-batches-per-iter", "1"])
-"""
-
-FN = r"""
-from mpi4py import MPI
-from ddlcourse import dist, synthetic_bench as sb
-dist.init()
-one = sb.run(model="mlp", batch_size=4, image_size=8, width=2, num_iters=1, batches_per_iter=1, n_ranks=1)
-two = sb.run(model="resnet", batch_size=2, image_size=8, width=2, num_iters=1, batches_per_iter=1)
-res = MPI.COMM_WORLD.gather((one, two), root=0)
-dist.shutdown()
-if dist.rank() == 0:
-    assert res[1][0] is None and res[0][0]["world_size"] == 1
-    s = sb.summarize([r[1] for r in res])
-    assert s["world_size"] == 2 and s["img_sec_total"] > 0
-    print("ok")
-"""
-
-
 @pytest.mark.mpi
-def test_cli_two_ranks(mpi):
+def test_cli_two_ranks():
     # (the horovod backend is exercised by tests/test_data_parallel.py; here the CLI plumbing is tested)
-    out = mpi(2, CLI.replace("{backend}", "ddp"), timeout=120).stdout
+    out = run_ranks(2, "synthetic_bench_cli", "ddp", timeout=120).stdout
     assert "Total img/sec on 2 rank(s):" in out and "Img/sec per rank:" in out
 
 
 @pytest.mark.mpi
-def test_function_with_subgroup(mpi):
-    assert mpi(2, FN).stdout.strip().endswith("ok")
+def test_function_with_subgroup():
+    assert run_ranks(2, "synthetic_bench_subgroup").stdout.strip().endswith("ok")

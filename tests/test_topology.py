@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import numpy as np
@@ -14,6 +13,8 @@ from ddlcourse.data import cache
 from ddlcourse.data import topology as T
 from ddlcourse.models.topology import UNet
 from ddlcourse.physics import simp
+
+from helpers import run_ranks
 
 TINY = dict(n_items=6, chunk_size=2, maxloop=8, seed=3)
 
@@ -158,26 +159,12 @@ def test_config_errors():
 
 
 # --------------------------------------------------------------------------- train on 1 and 2 ranks
-TRAIN = """
-import json, os, numpy as np
-from ddlcourse.cases import topology as case
-from ddlcourse import dist
-out = {{}}
-for name, epochs, resume, backend in {runs!r}:
-    cfg = case.Config.make("smoke", ny=8, nx=16, n_train=16, n_val=4, chunk_size=2, maxloop=6, width=4, depth=2,
-                           global_batch=8, epochs=epochs, run_name=name, fresh=not resume, backend=backend)
-    res = case.train(cfg)
-    out[f"{{name}}{{epochs}}"] = dict(history=res["history"], metrics=res["metrics"], steps=res["steps"])
-if dist.rank() == 0:
-    print("RESULT" + json.dumps(out))
-dist.shutdown()
-"""
 
 
-def _run(mpi, n, tmp_path, runs):
+def _run(n, tmp_path, runs):
     """One mpiexec for several runs (name, epochs, resume, backend): each start of torch costs seconds."""
     env = {"DDLCOURSE_DATA_DIR": str(tmp_path / "data"), "DDLCOURSE_RESULTS": str(tmp_path / "results")}
-    p = mpi(n, TRAIN.format(runs=runs), env=env)
+    p = run_ranks(n, "topology_train_runs", json.dumps(runs), env=env)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")][-1]
     return json.loads(line[len("RESULT"):])
 
@@ -187,11 +174,11 @@ def _losses(run):
 
 
 @pytest.mark.slow
-def test_two_ranks_match_one_rank_resume_is_exact_and_horovod_agrees(mpi, tmp_path):
+def test_two_ranks_match_one_rank_resume_is_exact_and_horovod_agrees(tmp_path):
     # horovod first: dist.init is idempotent, so Horovod must be initialised by the first run of the process
-    two = _run(mpi, 2, tmp_path, [("hvd", 2, False, "horovod"), ("two", 2, False, "ddp")])
+    two = _run(2, tmp_path, [("hvd", 2, False, "horovod"), ("two", 2, False, "ddp")])
     # one rank: 2 epochs, then the same run again for 3 epochs (resumes from its checkpoint), then 3 fresh
-    one = _run(mpi, 1, tmp_path, [("one", 2, False, "ddp"), ("one", 3, True, "ddp"), ("fresh", 3, False, "ddp")])
+    one = _run(1, tmp_path, [("one", 2, False, "ddp"), ("one", 3, True, "ddp"), ("fresh", 3, False, "ddp")])
     fresh = one["fresh3"]
     l2, lh = _losses(two["two2"]), _losses(two["hvd2"])
     assert len(l2) == 4
