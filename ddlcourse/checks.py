@@ -24,9 +24,8 @@ import torch
 import torch.distributed as tdist
 
 from ddlcourse import config, dist
-# srun's --mpi plugin is worked out where launch commands are built; the Slurm templates ask for it here
-# (python -m ddlcourse srun-mpi), tests and env/ scripts as checks.srun_mpi_plugin.
-from ddlcourse.cluster.launch import mpi_library_version, pmi_plugin_for, srun_mpi_plugin  # noqa: F401
+# srun's --mpi plugin is worked out where launch commands are built (cluster.launch); `srun-mpi` prints it
+from ddlcourse.cluster.launch import srun_mpi_plugin
 
 SKIP_NO_CUDA = "skipped (no CUDA)"
 

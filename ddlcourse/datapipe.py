@@ -21,7 +21,7 @@ Measurements (never asserted, only printed and plotted):
 * :func:`measure_loader_settings`: DataLoader ``num_workers``, ``prefetch_factor``, ``pin_memory``.
 
 Many ranks reading one file at once, against each rank reading its own file, is measured by
-:mod:`ddlcourse.storage` (its names are re-exported here, where notebook 27 first used them).
+:mod:`ddlcourse.storage`.
 """
 from __future__ import annotations
 
@@ -43,8 +43,6 @@ from ddlcourse import dist
 from ddlcourse.data import toy
 from ddlcourse.data.cache import cache_root
 from ddlcourse.device import now
-from ddlcourse.storage import (PATTERNS, format_contention, make_contention_files, plot_contention,  # noqa: F401
-                               read_contention)
 
 FORMAT = "ddlcourse-shards/1"
 INDEX = "index.json"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddlcourse import datapipe
+from ddlcourse import datapipe, storage
 from ddlcourse.datapipe import ShardError, ShardedArrayDataset
 
 from helpers import run_ranks
@@ -120,7 +120,7 @@ def test_timing_helpers_run(tmp_path):
 
 
 def test_contention_on_two_ranks(tmp_path):
-    datapipe.make_contention_files(tmp_path, 2, 0.25)
+    storage.make_contention_files(tmp_path, 2, 0.25)
     p = run_ranks(2, "datapipe_contention", tmp_path)
     mb = int(0.25 * 2**20)
     assert f"('one_file_whole', 2, {4 * mb})" in p.stdout      # every rank reads both slices

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddlcourse import checks
+from ddlcourse.cluster import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "env" / "gpu_smoke.sh"
@@ -209,16 +210,16 @@ def test_placement_rules():
 ])
 def test_srun_mpi_plugin_follows_the_mpi(version, plugin, monkeypatch):
     monkeypatch.delenv("DDLCOURSE_SRUN_MPI", raising=False)
-    got, why = checks.srun_mpi_plugin(version)
+    got, why = launch.srun_mpi_plugin(version)
     assert got == plugin and why
     monkeypatch.setenv("DDLCOURSE_SRUN_MPI", "pmix_v4")
-    assert checks.srun_mpi_plugin(version)[0] == "pmix_v4"
+    assert launch.srun_mpi_plugin(version)[0] == "pmix_v4"
 
 
 def test_srun_mpi_plugin_of_this_venv(monkeypatch):
     """The venv's mpi4py runs on the mpich wheel: pmi2, asked without initialising MPI in this process."""
     monkeypatch.delenv("DDLCOURSE_SRUN_MPI", raising=False)
-    assert "MPICH" in checks.mpi_library_version()
+    assert "MPICH" in launch.mpi_library_version()
     p = subprocess.run([sys.executable, "-m", "ddlcourse", "srun-mpi", "--explain"], capture_output=True,
                        text=True, env=_env(), cwd=ROOT)
     assert p.returncode == 0 and p.stdout.strip() == "pmi2" and "MPICH" in p.stderr

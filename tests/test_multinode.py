@@ -40,7 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from ddlcourse import checks, cluster, integrity
+from ddlcourse import cluster, integrity
+from ddlcourse.cluster import launch
 from ddlcourse.cluster import processes
 
 from helpers import module_command
@@ -145,7 +146,7 @@ def nodes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srun_mpi() -> str:
-    return checks.srun_mpi_plugin()[0]
+    return launch.srun_mpi_plugin()[0]
 
 
 @pytest.fixture

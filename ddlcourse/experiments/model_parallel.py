@@ -5,7 +5,6 @@ import torch
 from torch import nn
 import torch.distributed as tdist
 
-from ddlcourse import dist
 from ddlcourse.data.toy import teacher_classification
 from ddlcourse.device import rank_device
 from ddlcourse.parallel.model_parallel import gather_events, stage_module, train_step

@@ -19,12 +19,13 @@ import sys
 
 def main() -> int:
     from ddlcourse import checks, cluster
+    from ddlcourse.cluster.launch import srun_mpi_plugin
 
     if not cluster.in_slurm_allocation():
         print("not inside a Slurm allocation: run it under salloc or sbatch (see env/slurm/README.md)")
         return 2
     # srun's PMI plugin must match the MPI mpi4py was built with, or every engine is a world of its own
-    plugin, why = checks.srun_mpi_plugin()
+    plugin, why = srun_mpi_plugin()
     os.environ["DDLCOURSE_SRUN_MPI"] = plugin
     print(f"srun --mpi={plugin}: {why}")
     with cluster.MPICluster() as c:           # n = $SLURM_NTASKS, launcher = srun
