@@ -50,7 +50,8 @@ experiments: what the notebooks run and plot, each against its serial reference 
   cases/              the four case studies of the labs: maize, seismic, topology, driving
 exercises: the learner's coding exercises and their checkers
   selfcheck           check(...) and check_code(...): the verdicts the notebooks print
-  exercises/          by topic: the checkers, the reference solutions, the learner's templates, the terminal
+  exercises/          by topic: the checkers, the reference solutions, the learner's templates, the terminal;
+                      the rehearsal of a distributed check on simulated ranks, and planted mistakes
 tools: for instructors and sites; every tool is a command of python -m ddlcourse
   tools/              the memory planner and the benchmarks
   __main__            python -m ddlcourse <command>: the one command line

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, object, tuple]] = {}
 GROUPS = (
     ("the course", ("info", "check", "run", "check-exercise")),
     ("clusters and sites", ("clusters", "plan", "srun-mpi", "engines", "build", "device-use")),
-    ("measurements", ("synthetic-bench", "bench-ddp", "profile", "bench-simp")),
+    ("measurements", ("synthetic-bench", "bench-ddp", "profile", "bench-simp", "bench-checkers")),
 )
 
 
@@ -163,6 +163,8 @@ command("profile", "profile a DDP step on every rank (profile step), or write a 
         "ddlcourse.profiling:main")
 command("bench-simp", "the topology solver's two linear solvers timed on one 3-D problem (lab 3)",
         "ddlcourse.tools.bench_simp:main")
+command("bench-checkers", "seconds from submission to verdict for every build-it exercise (right, wrong, "
+        "deadlocked, one rank raising)", "ddlcourse.tools.bench_checkers:main")
 
 
 def usage() -> str:

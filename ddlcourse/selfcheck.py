@@ -31,8 +31,12 @@ import json
 import os
 import pkgutil
 import re
+import sys
 import textwrap
+import time
 import tokenize
+import traceback
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -61,8 +65,9 @@ def _close(a, b, rtol, atol) -> bool:
 
 def check(name: str, answer, rtol: float = 1e-4, atol: float = 1e-8, **kwargs) -> bool:
     """Print whether ``answer`` is right for exercise ``name`` and return it as a bool."""
-    _load_all()
+    _load_for(name)
     if name not in EXERCISES:
+        _load_all()
         raise KeyError(f"no exercise {name!r}; known: {', '.join(sorted(EXERCISES))}")
     ref, hint = EXERCISES[name]
     if answer is None or answer is Ellipsis:
@@ -116,10 +121,11 @@ class CodeExercise:
     """A registered coding exercise: its checker and where it runs; for a "build it" exercise also the reference
     solution a learner would write and the typical mistakes its checker must name (from its solution module)."""
 
-    __slots__ = ("name", "checker", "distributed", "ranks")
+    __slots__ = ("name", "checker", "distributed", "ranks", "rehearse", "hints")
 
-    def __init__(self, name, checker, distributed, ranks):
+    def __init__(self, name, checker, distributed, ranks, rehearse=True, hints=None):
         self.name, self.checker, self.distributed, self.ranks = name, checker, distributed, tuple(ranks)
+        self.rehearse, self.hints = rehearse, dict(hints or {})
 
     @property
     def solution(self) -> Callable | None:
@@ -137,18 +143,21 @@ CODE_EXERCISES: dict[str, CodeExercise] = {}
 SOLUTIONS: dict[str, tuple[Callable, tuple]] = {}     # name -> (reference solution, typical mistakes)
 
 
-def code_exercise(name: str, distributed: bool = False, ranks=(2, 3)):
+def code_exercise(name: str, distributed: bool = False, ranks=(2, 3), rehearse: bool = True, hints=None):
     """Register ``checker(fn, **kwargs) -> Verdict`` for the coding exercise ``name`` (in a checker module).
 
     The checker calls the learner's function on its own inputs, compares with a reference the package computes,
     and when they differ names the typical mistake it recognises (see :func:`diagnose`).
     ``distributed=True``: the checker runs on every rank of a cluster (it may use MPI or torch.distributed);
-    ``ranks``: the world sizes its tests run it on.
+    ``ranks``: the world sizes its tests run it on. ``rehearse``: a distributed check runs first on simulated ranks
+    (:mod:`ddlcourse.exercises.rehearsal`), which name a deadlock, a mismatched message or a one-rank exception at
+    once; False for a checker that needs the real thing (torch's own DDP). ``hints``: what to add to the rehearsal's
+    report for a kind of problem (``{"truncated": "..."}``): the exercise's own word on it.
     """
     def deco(checker):
         if name in CODE_EXERCISES and CODE_EXERCISES[name].checker.__module__ != checker.__module__:
             raise ValueError(f"code exercise {name!r} is defined twice")
-        CODE_EXERCISES[name] = CodeExercise(name, checker, distributed, ranks)
+        CODE_EXERCISES[name] = CodeExercise(name, checker, distributed, ranks, rehearse, hints)
         return checker
     return deco
 
@@ -166,9 +175,38 @@ def reference(name: str, mistakes=()):
     return deco
 
 
+_REGISTERS = re.compile(r"""(?:code_exercise|exercise)\(\s*["']([A-Za-z0-9_]+)["']""")
+
+
+def _module_of(name: str) -> str | None:
+    """The checker module that registers ``name``, read from the sources (no import): a rank that checks one
+    exercise imports its module only, not all of them."""
+    if not _INDEX:
+        folder = Path(__file__).resolve().parent / "exercises" / "checkers"
+        for f in sorted(folder.glob("*.py")):
+            for found in _REGISTERS.findall(f.read_text(encoding="utf-8")):
+                _INDEX.setdefault(found, f"{CHECKERS_PACKAGE}.{f.stem}")
+    return _INDEX.get(name)
+
+
+_INDEX: dict = {}
+
+
+def _load_for(name: str) -> None:
+    """Import the checker module of ``name`` (all of them when the index does not know it)."""
+    if name in CODE_EXERCISES or name in EXERCISES:
+        return
+    module = _module_of(name)
+    if module is not None:
+        importlib.import_module(module)
+    if name not in CODE_EXERCISES and name not in EXERCISES:
+        _load_all()
+
+
 def _code_exercise(name: str) -> CodeExercise:
-    _load_all()
+    _load_for(name)
     if name not in CODE_EXERCISES:
+        _load_all()
         raise KeyError(f"no coding exercise {name!r}; known: {', '.join(sorted(CODE_EXERCISES))}")
     return CODE_EXERCISES[name]
 
@@ -296,36 +334,92 @@ def diagnose(answer, reference, mistakes: dict | None = None, rtol: float = 1e-5
         return Verdict(False, f"{what} is {answer!r}, expected {reference!r}")
 
 
+def _learner_frame(tb) -> tuple[int, str] | None:
+    """``(line, text)`` of the innermost frame of a traceback that is the learner's code: not the course's package,
+    not an installed library, not Python's own."""
+    package = str(Path(__file__).resolve().parent)
+    system = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    found = None
+    for frame in traceback.extract_tb(tb):
+        f = frame.filename
+        if f.startswith(package) or f.startswith(system) or f.startswith("<frozen"):
+            continue
+        found = (frame.lineno, (frame.line or "").strip())
+    return found
+
+
+_CHECKERS_COMM: list = []       # the checkers' own duplicate of the MPI world (made by run_checker, see below)
+
+
+def checkers_comm():
+    """The checkers' own communicator: a duplicate of ``MPI.COMM_WORLD`` that the learner's code never uses, so
+    that a checker telling the ranks what one of them raised cannot meet a collective of the learner's code still
+    running on another rank (on a real cluster the two would mix; in a rehearsal the wait shows as what it is).
+    Made once per process, by :func:`run_checker` before a distributed checker runs, on every rank at once."""
+    if not _CHECKERS_COMM:
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
+        _CHECKERS_COMM.append(MPI.COMM_WORLD.Dup())
+    return _CHECKERS_COMM[0]
+
+
+def told(error: BaseException | None, comm=None) -> Verdict | None:
+    """For a checker that catches the learner's exception so that no rank waits for ever: every rank of ``comm``
+    (an mpi4py communicator; default :func:`checkers_comm`) learns whether one raised, and what. Collective.
+    Re-raises ``error`` on a rank that raised (its verdict then says what and where); on the others, a verdict
+    naming the first rank that raised and its exception; None when no rank raised."""
+    said = None
+    if isinstance(error, NotImplementedError):
+        said = "is not written yet"
+    elif error is not None:
+        said = raised(error)[len("your function "):]
+    every = (comm or checkers_comm()).allgather(said)
+    if error is not None:
+        raise error
+    bad = next(((q, m) for q, m in enumerate(every) if m), None)
+    return None if bad is None else Verdict(False, f"your function on rank {bad[0]} {bad[1]}")
+
+
 def run_checker(name: str, fn, **kwargs) -> Verdict:
-    """Run the checker of ``name`` on ``fn`` here (on one rank); an exception in ``fn`` is a verdict too."""
-    checker = _code_exercise(name).checker
+    """Run the checker of ``name`` on ``fn`` here (on one rank); an exception in ``fn`` is a verdict too, with the
+    learner's line that raised it."""
+    ex = _code_exercise(name)
+    if ex.distributed:
+        checkers_comm()                    # collective: made here, where every rank runs the same line
     try:
-        return checker(fn, **kwargs)
+        return ex.checker(fn, **kwargs)
     except NotImplementedError:
         return Verdict(False, "not written yet: replace the `raise NotImplementedError` with your code")
     except Exception as e:  # the learner's code raised: say where, not a traceback from the checker
-        return Verdict(False, f"your function raised {type(e).__name__}: {e}")
+        return Verdict(False, raised(e))
 
 
-def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) -> bool:
-    """Check the learner's function ``fn`` for coding exercise ``name``; print the verdict, return it.
+def raised(e: BaseException) -> str:
+    """What a verdict says of an exception in the learner's code: ``your function raised ValueError: ... (at line
+    12 of your code: ...)``. A checker that catches the learner's exception (to tell the other ranks first) calls
+    it too: in a rehearsal it also tells the referee, so that the ranks still waiting for this one hear why."""
+    where = _learner_frame(e.__traceback__)
+    at = f" (at line {where[0]} of your code: {where[1]})" if where and where[1] else ""
+    text = f"your function raised {type(e).__name__}: {e}{at}"
+    from ddlcourse.exercises import simworld   # lazy: the exercises layer stands on this module
+    world = simworld.current()
+    if world is not None:
+        world.send(("raised", text))
+    return text
 
-    A distributed exercise needs ``cluster`` (an ``MPICluster``): the checker runs on every rank and the
-    exercise is right only if it is right on every rank.
-    """
-    distributed = _code_exercise(name).distributed
-    if distributed:
-        if cluster is None:
-            raise ValueError(f"exercise {name!r} runs on the ranks: pass cluster=c")
-        try:
-            verdicts = cluster.run(run_checker, name, fn, timeout=timeout, **kwargs)
-        except TimeoutError:
-            print(f"[{name}] no answer from the ranks after {timeout:.0f} s: a send without its receive, or a "
-                  "collective that not every rank calls, waits for ever. Restart the cluster and check the order "
-                  "of your communication calls.")
-            return False
-    else:
-        verdicts = [run_checker(name, fn, **kwargs)]
+
+def run_shipped(name: str, shipped: dict, kwargs: dict) -> Verdict:
+    """On a rank: :func:`run_checker` on the learner's code as :func:`ddlcourse.exercises.rehearsal.ship` packed it
+    (by value, with its source lines, so a helper from another cell comes along and an error names its line)."""
+    import cloudpickle   # lazy: only the ranks of a check need it
+
+    from ddlcourse.exercises.simworld import install_sources
+
+    install_sources(shipped["sources"])
+    return run_checker(name, cloudpickle.loads(shipped["fn"]), **kwargs)
+
+
+def _say(name: str, verdicts: list, distributed: bool) -> bool:
+    """Print the verdict of every rank as one line; True when right on every rank."""
     bad = [(r, v) for r, v in enumerate(verdicts) if not v.ok]
     if not bad:
         print(f"[{name}] correct" + (f" on all {len(verdicts)} ranks" if distributed else ""))
@@ -334,6 +428,95 @@ def check_code(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs) ->
     where = f" (rank {r}{' and others' if len(bad) > 1 else ''})" if distributed else ""
     print(f"[{name}] not yet{where}: {v.message}")
     return False
+
+
+def rehearse(name: str, fn, n: int, shipped: dict | None = None, limit: float | None = None, **kwargs):
+    """The rehearsal of a distributed check on ``n`` simulated ranks: ``(verdicts, rehearsal)``, one verdict per
+    rank as a real check gives them, or one verdict for all when a deadlock, a mismatched message or an exception on
+    one rank stopped it (what happened, where each rank was, and the exercise's own hint for that kind). ``limit``:
+    the seconds after which a rehearsal that has not ended is stopped (default ``rehearsal.TIMEOUT_S``)."""
+    from ddlcourse.exercises import rehearsal   # lazy: the exercises layer stands on this module
+
+    r = rehearsal.rehearse(name, fn, n, kwargs, shipped=shipped, timeout=limit or rehearsal.TIMEOUT_S)
+    if r.finished_cleanly:
+        return [Verdict(ok, m) for _, (ok, m) in sorted(r.verdicts.items())], r
+    return [Verdict(False, r.message(_code_exercise(name).hints))], r
+
+
+def check_on_ranks(name: str, fn, n: int, run_real, recover=None, timeout: float | None = None,
+                   **kwargs) -> bool:
+    """A distributed check: first the rehearsal on ``n`` simulated ranks (a deadlock, a mismatched message, an
+    exception on one rank or a skipped mechanism is named there, in seconds, and never reaches the real ranks),
+    then ``run_real(shipped, timeout)`` -> one Verdict per real rank. Past ``timeout`` (default: twenty times the
+    rehearsal's time, at least 30 s) the ranks that answered are shown, and ``recover()`` (if given) replaces the
+    ranks that did not, saying so. A ``timeout`` given also bounds the rehearsal."""
+    from ddlcourse.exercises import rehearsal   # lazy: the exercises layer stands on this module
+
+    ex = _code_exercise(name)
+    shipped = rehearsal.ship(fn)
+    seconds = 1.0
+    if ex.rehearse:
+        verdicts, r = rehearse(name, fn, n, shipped=shipped, limit=timeout, **kwargs)
+        seconds = r.seconds
+        if not r.finished_cleanly:                 # what stopped it is the verdict of all the ranks
+            print(f"[{name}] not yet: {verdicts[0].message}")
+            return False
+        if not r.ok:
+            return _say(name, verdicts, True)
+    timeout = timeout if timeout is not None else max(30.0, 20 * seconds)
+    try:
+        verdicts = run_real(shipped, timeout)
+    except TimeoutError as e:
+        answered = getattr(e, "answered", {})
+        said = "; ".join(f"rank {q}: {v.message or 'right'}" for q, v in sorted(answered.items())
+                         if isinstance(v, Verdict)) or "none"
+        pending = getattr(e, "pending", [])
+        print(f"[{name}] not yet: the rehearsal passed, but on the real ranks rank(s) {pending} gave no answer "
+              f"within {timeout:.0f} s (answers so far: {said}). A wait that depends on timing or message size?")
+        if recover is not None:
+            recover()
+        return False
+    except Exception as e:   # noqa: BLE001 -- a dead engine (ClusterError), or the check could not run
+        print(f"[{name}] not yet: the check did not finish on the real ranks: {type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''}")
+        if recover is not None:
+            recover()
+        return False
+    return _say(name, verdicts, True)
+
+
+def check_code(name: str, fn, cluster=None, timeout: float | None = None, **kwargs) -> bool:
+    """Check the learner's function ``fn`` for coding exercise ``name``; print the verdict, return it.
+
+    A distributed exercise needs ``cluster`` (an ``MPICluster``): first a rehearsal on as many simulated ranks
+    (:func:`check_on_ranks`), then the checker on every rank of the cluster; right only if right on every rank.
+    The cluster survives a wrong answer: a check whose real ranks hang or die has them replaced, and says so.
+    """
+    if not _code_exercise(name).distributed:
+        return _say(name, [run_checker(name, fn, **kwargs)], False)
+    if cluster is None:
+        raise ValueError(f"exercise {name!r} runs on the ranks: pass cluster=c")
+
+    def run_real(shipped, seconds):
+        return cluster.run(run_shipped, name, shipped, kwargs, timeout=seconds)
+
+    def recover():
+        t0 = time.perf_counter()
+        cluster.restart()
+        print(f"[{name}] the cluster's engines were replaced ({time.perf_counter() - t0:.1f} s): variables you "
+              "set on them with %px are gone; the next check runs on the new ones")
+    return check_on_ranks(name, fn, cluster.n, run_real, recover, timeout, **kwargs)
+
+
+def show_timeline(learner_only: bool = False):
+    """The figure of the last rehearsal of this kernel: what each rank did, the first problem in red."""
+    from ddlcourse.exercises import rehearsal   # lazy, as above
+
+    last = rehearsal.LAST.get("rehearsal")
+    if last is None:
+        print("no rehearsal yet: check_code of a distributed exercise makes one")
+        return None
+    return last.timeline(learner_only=learner_only)
 
 
 def use_checked(name: str, fn, cluster=None, timeout: float = 120.0, **kwargs):

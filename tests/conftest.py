@@ -13,8 +13,6 @@ import time
 
 import pytest
 
-# What the tests import lives in tests/helpers.py; ROOT and run_mpi are named here too for the modules that still
-# import them from conftest (tests/test_build_it.py).
 from helpers import ROOT, run_mpi
 
 

@@ -1,8 +1,10 @@
 """The "build it" exercises: in every chapter and lab the learner writes the mechanism, and a checker runs it.
 
 For every coding exercise registered with a reference solution (``selfcheck.code_exercise(solution=...)``):
-* on real ranks (each world size in its ``ranks``), the checker accepts the solution, rejects each registered
-  mistake with a message that names it, and says "not written yet" for the notebook's own template;
+* for a distributed one, on each world size in its ``ranks``: the rehearsal (simulated ranks, where a learner's
+  check meets a mistake first) rejects each registered mistake with a message that names it and accepts the
+  solution, and on real ranks the checker accepts the solution and says "not written yet" for the notebook's own
+  template; for a serial one, the same on one rank;
 * the template in the notebook has the solution's signature;
 * no notebook shows three consecutive lines of the solution of one of its own exercises.
 And every concept notebook after 02, and every lab, has an exercise whose solution has 10 or more logical lines.
@@ -22,12 +24,14 @@ import pytest
 from ddlcourse import selfcheck as sc
 from ddlcourse.exercises import templates
 
-from conftest import ROOT, run_mpi
-from helpers import shown_solution, solution_lines, text_shows
+from helpers import ROOT, run_ranks, shown_solution, solution_lines, text_shows
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 WARM_UPS = {"00_setup_check", "01_sgd", "02_batch_size"}     # the notebooks before the first mechanism
 MIN_LINES, MIN_EXERCISES = 10, 30
+# the modules of ddlcourse/exercises/ beside checkers/ and solutions/: they hold no exercise
+EXERCISE_MACHINERY = {"__init__.py", "templates.py", "terminal.py", "rehearsal.py", "referee.py", "simranks.py",
+                      "simworld.py", "simmpi.py", "simtorch.py", "wrong.py"}
 
 
 def _cells(path: Path) -> list[dict]:
@@ -99,8 +103,7 @@ def test_checkers_and_solutions_live_apart():
             if run:
                 found[f"{file}:{name}"] = run
     assert not found, f"checker modules that contain 3+ consecutive lines of a reference solution: {found}"
-    outside = {f.name for f in (ROOT / "ddlcourse" / "exercises").glob("*.py")} - {"__init__.py", "templates.py",
-                                                                                   "terminal.py"}
+    outside = {f.name for f in (ROOT / "ddlcourse" / "exercises").glob("*.py")} - EXERCISE_MACHINERY
     assert not outside, f"exercise modules outside checkers/ and solutions/: {sorted(outside)}"
 
 
@@ -128,6 +131,25 @@ def test_templates_have_the_solutions_signature():
         assert _params(ns[learner]) == _params(ex.solution), (name, _params(ns[learner]), _params(ex.solution))
 
 
+def test_every_distributed_build_it_says_how_it_is_checked():
+    """The text before each distributed build-it cell tells the learner that the check rehearses the code on
+    simulated ranks first, how to see what each rank did, and that helpers from other cells travel along."""
+    import re
+
+    dist = {n for n, ex in _build_it().items() if ex.distributed}
+    missing = []
+    for nb in NOTEBOOKS:
+        cells = _cells(nb)
+        for i, cell in enumerate(cells):
+            names = re.findall(r"(?:check_code|use_checked)\(\s*['\"](\w+)['\"]", _src(cell))
+            if cell["cell_type"] != "code" or not set(names) & dist:
+                continue
+            md = next(_src(c) for c in reversed(cells[:i]) if c["cell_type"] == "markdown")
+            if not all(w in md for w in ("simulated ranks", "show_timeline()", "travel")):
+                missing.append(f"{nb.name} cell {i} ({names[0]})")
+    assert not missing, f"distributed build-it cells whose text does not say how they are checked: {missing}"
+
+
 def test_every_build_it_exercise_is_asked_for_and_names_three_mistakes():
     where = _where()
     for name, ex in _build_it().items():
@@ -135,41 +157,7 @@ def test_every_build_it_exercise_is_asked_for_and_names_three_mistakes():
         assert len(ex.mistakes) >= 3, f"{name}: {len(ex.mistakes)} typical mistakes registered, want 3 or more"
 
 
-# ----------------------------------------------------------------------------- the checkers, on real ranks
-_ON_RANKS = """
-import sys
-from mpi4py import MPI
-from ddlcourse import selfcheck as sc
-from ddlcourse.exercises import templates
-comm = MPI.COMM_WORLD
-RANK = comm.Get_rank()
-failures = []
-for name, learner, script in CASES:
-    ex = sc._code_exercise(name)
-    if RANK == 0:
-        print("checking", name, flush=True)
-    v = sc.run_checker(name, ex.solution)
-    if not v.ok:
-        failures.append(f"{name}: the reference is rejected: {v.message}")
-    for wrong, hint in ex.mistakes:
-        v = sc.run_checker(name, wrong)
-        if v.ok or hint not in v.message:
-            failures.append(f"{name}: mistake {getattr(wrong, '__name__', wrong)!r} gives {v!r}, want {hint!r}")
-    ns = {}
-    exec(compile(script, "<template>", "exec"), ns)
-    v = sc.run_checker(name, ns[learner])
-    if v.ok or not v.message.startswith("not written yet"):
-        failures.append(f"{name}: the notebook's template gives {v!r}, want 'not written yet'")
-    comm.Barrier()
-every = comm.gather(failures)
-if RANK == 0:
-    bad = sorted({f for fs in every for f in fs})
-    print("FAILURES" if bad else "ALL OK", *bad, sep="\\n")
-if "ddlcourse.dist" in sys.modules:
-    sys.modules["ddlcourse.dist"].shutdown()
-"""
-
-
+# ----------------------------------------------------------------------------- the checkers, on ranks
 def _cases(distributed: bool, n: int | None) -> list[tuple[str, str, str]]:
     only = {s for s in os.environ.get("DDLCOURSE_EXERCISES", "").split(",") if s}
     where = _where()
@@ -183,59 +171,38 @@ def _cases(distributed: bool, n: int | None) -> list[tuple[str, str, str]]:
     return cases
 
 
+def _on_ranks(n: int, cases, tmp_path, mistakes: bool) -> None:
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    p = run_ranks(n, "build_it_checks", path, "mistakes" if mistakes else "reference", timeout=600)
+    assert "ALL OK" in p.stdout, p.stdout[-6000:]
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_distributed_checkers_on_ranks(n):
+def test_distributed_checkers_on_ranks(n, tmp_path):
+    """What a learner's check meets: each registered mistake is named by the rehearsal on ``n`` simulated ranks
+    (a check stops there, before the real ranks, when the rehearsal finds a mistake: so do these), and the
+    reference passes the rehearsal; then, on ``n`` real ranks, the reference passes and the template says
+    'not written yet'."""
     cases = _cases(True, n)
     if not cases:
         pytest.skip(f"no build-it exercise runs on {n} ranks")
-    p = run_mpi(n, f"CASES = {cases!r}\n" + _ON_RANKS, timeout=600)
-    assert "ALL OK" in p.stdout, p.stdout[-6000:]
+    failures = []
+    for name, _, _ in cases:
+        ex = sc._code_exercise(name)
+        for fn, hint in [(ex.solution, None), *ex.mistakes]:
+            verdicts, _ = sc.rehearse(name, fn, n)
+            said = " | ".join(v.message for v in verdicts if not v.ok)
+            if hint is None and said:
+                failures.append(f"{name}: the rehearsal rejects the reference: {said}")
+            elif hint is not None and (not said or hint not in said):
+                failures.append(f"{name}: the rehearsal of {getattr(fn, '__name__', fn)!r} says {said!r}, want {hint!r}")
+    assert not failures, "\n".join(failures)
+    _on_ranks(n, cases, tmp_path, mistakes=False)
 
 
-def test_serial_checkers():
+def test_serial_checkers(tmp_path):
     cases = _cases(False, None)
     if not cases:
         pytest.skip("no serial build-it exercise")
-    p = run_mpi(1, f"CASES = {cases!r}\n" + _ON_RANKS, timeout=600)
-    assert "ALL OK" in p.stdout, p.stdout[-6000:]
-
-
-def test_solution_and_exercises_api(capsys):
-    where = _where()
-    name = next(iter(_build_it()))
-    src = sc.solution(name)
-    assert src.lstrip().startswith(("def ", "class ")) and src.strip() in capsys.readouterr().out
-    listed = dict(sc.exercises(str(where[name])))
-    assert listed[name] == sc.logical_lines(sc.CODE_EXERCISES[name].solution) >= 1
-    with pytest.raises(KeyError, match="no coding exercise"):
-        sc.solution("nope")
-
-
-def test_logical_lines_counts_code_only():
-    def f(a, b):
-        """Docstring,
-        two lines."""
-        # a comment
-
-        x = (a +
-             b)
-        for i in range(3):
-            x += i   # trailing
-        return x
-    assert sc.logical_lines(f) == 4
-
-
-def test_every_coding_exercise_has_a_solution_to_show():
-    sc._load_all()
-    missing = [n for n, ex in sc.CODE_EXERCISES.items() if ex.solution is None and not n.startswith("_")]
-    assert not missing, f"coding exercises without a registered solution: {missing}"
-
-
-def test_a_hang_on_the_ranks_ends_with_advice(capsys):
-    class Cluster:                               # what MPICluster.run gives when the ranks never answer
-        def run(self, *a, timeout=None, **k):
-            raise TimeoutError
-    sc.code_exercise("_test_hangs", distributed=True)(lambda fn: sc.Verdict(True))
-    assert not sc.check_code("_test_hangs", len, cluster=Cluster(), timeout=1)
-    out = capsys.readouterr().out
-    assert "no answer from the ranks after 1 s" in out and "Restart the cluster" in out
+    _on_ranks(1, cases, tmp_path, mistakes=True)

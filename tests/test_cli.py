@@ -14,7 +14,8 @@ PROGRAMS = {"ddlcourse/__main__.py": "the command line itself",
             "ddlcourse/cluster/engine.py": "the engines' program (MPICluster starts it)",
             "ddlcourse/cluster/watchdog.py": "the watchdog of a cluster (MPICluster starts it)",
             "ddlcourse/cluster/forkserver.py": "the fork server (run as a script by its own start)",
-            "ddlcourse/elastic.py": "the training script torchrun restarts in notebook 25"}
+            "ddlcourse/elastic.py": "the training script torchrun restarts in notebook 25",
+            "ddlcourse/exercises/simranks.py": "a simulated rank of a check's rehearsal (the rehearsal starts it)"}
 
 
 def test_help_lists_every_command_once():

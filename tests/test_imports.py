@@ -31,6 +31,10 @@ LAZY_ALLOWED = {
                                             # alone costs 2.5 CPU-s, paid on every rank of `check` and `run`
     ("*", "ddlcourse.plots_timeline"),      # imports matplotlib at its top: optional, slow to import
     ("ddlcourse.selfcheck", "ddlcourse.exercises"),   # finds the exercise modules only when asked
+    # the exercises layer stands on selfcheck (every checker imports it at its top, and so does a simulated rank):
+    # selfcheck reaches the rehearsal and the simulated rank only when a distributed check runs
+    ("ddlcourse.selfcheck", "ddlcourse.exercises.rehearsal"),
+    ("ddlcourse.selfcheck", "ddlcourse.exercises.simworld"),
 }
 
 PENDING: set[str] = set()            # modules whose function-level imports are still to be moved (none)

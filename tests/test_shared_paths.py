@@ -15,6 +15,8 @@ ALLOWED = {
     "ddlcourse/cluster/forkserver.py": "shared: a fork server's socket, made in the folder its caller names; ranks of this host only",
     "ddlcourse/datapipe.py": "scratch_dir: made under the data cache root, which the learner points at a file system",
     "instructor/browser.py": "headless Chromium's own profile for the slide checks, on the instructor's machine",
+    "ddlcourse/exercises/rehearsal.py": "rehearse: the simulated ranks' socket and logs, under runtime_dir(); "
+                                        "processes of this host only",
 }
 
 

@@ -218,6 +218,16 @@ class MPICluster:
                 print(f"[cluster] {pmi_retry_note(attempt)}: starting the engines again", file=sys.stderr, flush=True)
         raise AssertionError("unreachable")
 
+    def restart(self) -> "MPICluster":
+        """Stop the engines and start new ones, the same number in the same way: what a check does when the
+        learner's code left its ranks hung or dead. What was set on the engines (``%px``) is gone."""
+        quiet, self.quiet = self.quiet, True
+        try:
+            self.stop()
+            return self.start()
+        finally:
+            self.quiet = quiet
+
     def _start_once(self) -> "MPICluster":
         launcher, mpi_cmd, mpi_args = launch_command(self.n, self.launcher, self.threads_per_rank, self.mpiexec)
         self._launcher_kind = launcher

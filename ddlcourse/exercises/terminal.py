@@ -8,6 +8,7 @@ learner's file under ``exercises/<topic>/<name>.py`` (``--list`` shows them all)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import subprocess
@@ -35,55 +36,45 @@ def load(name: str, path: str | Path):
     return ns[learner]
 
 
-def _say(name: str, verdicts: list, distributed: bool) -> bool:
-    """Print the verdict as ``check_code`` does; True when right on every rank."""
-    bad = [(r, v) for r, v in enumerate(verdicts) if not v.ok]
-    if not bad:
-        print(f"[{name}] correct" + (f" on all {len(verdicts)} ranks" if distributed else ""))
-        return True
-    r, v = bad[0]
-    where = f" (rank {r}{' and others' if len(bad) > 1 else ''})" if distributed else ""
-    print(f"[{name}] not yet{where}: {v.message}")
-    return False
-
-
 def _on_ranks(name: str, path: str) -> int:
-    """One rank of a distributed check: load the file, run the checker, rank 0 says the verdict."""
+    """One rank of a distributed check: load the file, run the checker; rank 0 prints every rank's verdict as one
+    JSON line (``VERDICTS [[ok, message], ...]``) for the command that started the ranks."""
     from mpi4py import MPI      # lazy: MPI starts only on the ranks this command launched
 
     comm = MPI.COMM_WORLD
     try:
-        fn = load(name, path)
-        v = selfcheck.run_checker(name, fn)
+        v = selfcheck.run_checker(name, load(name, path))
     except (ValueError, FileNotFoundError) as e:
         v = selfcheck.Verdict(False, str(e))
-    verdicts = comm.gather(v, root=0)
-    ok = _say(name, verdicts, True) if comm.Get_rank() == 0 else None
-    ok = comm.bcast(ok, root=0)
+    verdicts = comm.gather((v.ok, v.message), root=0)
+    if comm.Get_rank() == 0:
+        print("VERDICTS " + json.dumps(verdicts), flush=True)
     if "ddlcourse.dist" in sys.modules:
         sys.modules["ddlcourse.dist"].shutdown()
-    return 0 if ok else 1
+    return 0
 
 
-def check_file(name: str, path: str | Path, ranks: int | None = None, timeout: float = 120.0) -> bool:
-    """Check the file's solution of ``name`` (on ``ranks`` ranks it starts, if the exercise is distributed)."""
+def check_file(name: str, path: str | Path, ranks: int | None = None, timeout: float | None = None) -> bool:
+    """Check the file's solution of ``name``: here for a serial exercise; for a distributed one a rehearsal on
+    simulated ranks, then ``ranks`` real ranks that this command starts (mpiexec)."""
     ex = selfcheck._code_exercise(name)
+    fn = load(name, path)       # a missing file or function is said here, once, before any rank starts
     if not ex.distributed:
-        return _say(name, [selfcheck.run_checker(name, load(name, path))], False)
+        return selfcheck._say(name, [selfcheck.run_checker(name, fn)], False)
     n = ranks or ex.ranks[0]
-    load(name, path)          # a missing file or function is said here, once, before any rank starts
-    cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
-           sys.executable, "-m", "ddlcourse", "check-exercise", name, str(path), "--on-ranks"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-    except subprocess.TimeoutExpired:
-        print(f"[{name}] no answer from the ranks after {timeout:.0f} s: a send without its receive, or a "
-              "collective that not every rank calls, waits for ever. Check the order of your communication calls.")
-        return False
-    sys.stdout.write(p.stdout)
-    if p.returncode not in (0, 1):
-        sys.stdout.write(p.stderr[-3000:])
-    return p.returncode == 0
+
+    def run_real(shipped, seconds):
+        cmd = [find_mpiexec(), "-n", str(n), "-bind-to", "none", "-genv", "OMP_NUM_THREADS", "1",
+               sys.executable, "-m", "ddlcourse", "check-exercise", name, str(path), "--on-ranks"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, env=dict(os.environ))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"no answer from the ranks within {seconds:.0f} s") from None
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("VERDICTS ")), None)
+        if line is None:
+            raise RuntimeError(f"the ranks ended without a verdict (exit {p.returncode}): {p.stderr[-2000:]}")
+        return [selfcheck.Verdict(ok, msg) for ok, msg in json.loads(line[len("VERDICTS "):])]
+    return selfcheck.check_on_ranks(name, fn, n, run_real, timeout=timeout)
 
 
 def main(argv=None) -> int:
@@ -91,7 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("name", nargs="?", help="the exercise, as the notebook's check_code names it")
     p.add_argument("file", nargs="?", help="the file with your solution (default: exercises/<topic>/<name>.py)")
     p.add_argument("--ranks", type=int, default=None, help="ranks for a distributed exercise (default: its first)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a distributed check gives up")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds the real ranks may take (default: twenty times the rehearsal's, at least 30)")
     p.add_argument("--list", action="store_true", help="list the exercises that have a file of their own")
     p.add_argument("--write-starts", action="store_true",
                    help="(instructors) make exercises/<topic>/<name>.py again from the notebooks' templates")

@@ -98,6 +98,12 @@ def _exchange_with(exchange, x, halo, dim, group):
         pending.extend(zip(tdist.batch_isend_irecv(queued), queued))
     for req, _ in pending:
         req.wait()
+    # checked after the sends are through, so a wrong rank does not leave its neighbours waiting
+    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype or out.device != x.device:
+        got = f"{out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"the halo exchange returned {got} for a slab of {x.dtype} on {x.device}: make the "
+                        "edges' zeros like the slab (torch.zeros_like), so the convolution gets one dtype "
+                        "and device")
     return out.movedim(2, dim)
 
 

@@ -3,8 +3,9 @@ import math
 
 import numpy as np
 
+from ddlcourse.exercises import rehearsal
 from ddlcourse.exercises.solutions.collectives import RING_VARIANTS
-from ddlcourse.selfcheck import agreed, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
 
 
 @exercise("ring_bytes_per_rank", "reduce-scatter and allgather each send N-1 chunks of n/N bytes")
@@ -52,14 +53,41 @@ def _ring_cases(n: int) -> list:
             ((2 * n + 1,), np.int32), ((3, 5), np.float32), ((4 * n + 2,), np.int64)]
 
 
-def _ring_run(fn, comm) -> list:
-    """Each case's buffer after ``fn`` on this rank (data in -50..49, so every sum is exact in every dtype)."""
-    out = []
+def _ring_run(fn, comm, calls_per_case: list | None = None) -> list:
+    """Each case's buffer after ``fn`` on this rank (data in -50..49, so every sum is exact in every dtype). In a
+    rehearsal ``calls_per_case`` gets the learner's calls of each case."""
+    out, calls = [], rehearsal.calls()
     for i, (shape, dtype) in enumerate(_ring_cases(comm.Get_size())):
         buf = np.random.default_rng([7, i, comm.Get_rank()]).integers(-50, 50, size=shape).astype(dtype)
+        before = len(calls) if calls is not None else 0
         fn(buf, comm)
         out.append(buf)
+        if calls is not None and calls_per_case is not None:
+            calls_per_case.append(calls[before:])
     return out
+
+
+def _ring_mechanism(calls_per_case: list, cases: list, n: int) -> str | None:
+    """Is it a ring? Point-to-point messages only, each of one chunk, 2(N - 1) of them per rank (None: it is)."""
+    for (shape, dtype), calls in zip(cases, calls_per_case):
+        length = int(np.prod(shape))
+        chunk = -(-length // n)                      # the largest chunk: array_split's sizes differ by at most one
+        colls = [c for c in calls if c["kind"] == "coll"]
+        if colls:
+            return (f"your ring calls {colls[0]['name']}: a ring allreduce is made of point-to-point messages only "
+                    "(comm.Sendrecv, or Send/Recv/Isend/Irecv), one chunk at a time; MPI's collectives are what it "
+                    "replaces")
+        sends = [c for c in calls if c["kind"] == "send"]
+        big = max((c["count"] for c in sends), default=0)
+        if big > chunk:
+            return (f"for a buffer of {length} elements on {n} ranks a message of yours carries {big} elements: in a "
+                    f"ring each message is one chunk (here at most {chunk}), or the ring sends more than the "
+                    "2 (N - 1) / N of the buffer that makes it bandwidth-optimal")
+        if len(sends) != 2 * (n - 1):
+            return (f"for a buffer of {length} elements on {n} ranks this rank sent {len(sends)} messages: a ring "
+                    f"takes 2 (N - 1) = {2 * (n - 1)} steps of one message each (N - 1 to reduce-scatter, N - 1 to "
+                    "allgather)")
+    return None
 
 
 def _merge_same(wrong: dict, comm) -> dict:
@@ -70,7 +98,10 @@ def _merge_same(wrong: dict, comm) -> dict:
     return {" -- or -- ".join(b for j, b in enumerate(hints) if same[i][j]): wrong[a] for i, a in enumerate(hints)}
 
 
-@code_exercise("ring_allreduce", distributed=True, ranks=(2, 3, 4))
+@code_exercise("ring_allreduce", distributed=True, ranks=(2, 3, 4), hints={
+    "truncated": "A chunk index off by one? In the reduce-scatter, at step s send chunk (r - s) % N to the right "
+                 "and add what arrives into chunk (r - s - 1) % N; in the allgather, send chunk (r + 1 - s) % N and "
+                 "receive into chunk (r - s) % N: each receive is sized to the chunk it fills."})
 def check_ring_allreduce(fn, **_):
     """On every rank: ``fn(buf, comm)`` must leave in ``buf`` what ``MPI_Allreduce`` (SUM) gives, for buffers of
     several lengths (divisible by N or not, shorter than N), shapes and dtypes. The ranks agree on one verdict."""
@@ -85,7 +116,8 @@ def check_ring_allreduce(fn, **_):
         total = np.empty_like(x)
         comm.Allreduce(x, total, op=MPI.SUM)
         refs.append(total)
-    mine = _ring_run(fn, comm)
+    calls_per_case: list = []
+    mine = _ring_run(fn, comm, calls_per_case)
     flat = lambda bufs: np.concatenate([b.reshape(-1).astype(np.float64) for b in bufs])   # noqa: E731
     wrong = _merge_same({hint: flat(_ring_run(RING_VARIANTS[kind], comm)) for kind, hint in RING_HINTS.items()},
                         comm) if n > 1 else {}
@@ -103,4 +135,7 @@ def check_ring_allreduce(fn, **_):
         elif set(bad) <= set(uneven):
             v.message += (": right when N divides the length, wrong otherwise: chunks of sizes that differ by at most "
                           "one, and each receive sized to the chunk it fills")
+    if v.ok and rehearsal.calls() is not None:      # the numbers are right: is it a ring? (the rehearsal saw it)
+        skipped = _ring_mechanism(calls_per_case, cases, n)
+        v = Verdict(False, skipped) if skipped else v
     return agreed(v, comm)

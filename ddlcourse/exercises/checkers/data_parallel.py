@@ -8,7 +8,7 @@ from ddlcourse import dist
 from ddlcourse.exercises.solutions.data_parallel import HOOK_VARIANTS
 from ddlcourse.models.small import MLP
 from ddlcourse.parallel import data_parallel as dp
-from ddlcourse.selfcheck import AllReduceSpy, Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import AllReduceSpy, Verdict, code_exercise, diagnose, exercise, raised
 
 
 @exercise("global_batch", "every rank processes its own micro-batch in each step")
@@ -90,15 +90,17 @@ def _two_heads(seed, device):
     return _TwoHeads().to(device=device, dtype=torch.float64)
 
 
-def _ddp_train(make_model, fn, X, y, steps, global_batch, r, n, seed, spy=None):
+def _ddp_train(make_model, fn, X, y, steps, global_batch, r, n, seed, spy=None, per_step=None):
     """Train ``make_model`` (seeded per rank) wrapped in ``fn`` (None: serial, on the whole global batch) with
-    SGD + momentum. Returns (parameters after construction, gradients of step 0, final parameters)."""
+    SGD + momentum. Returns (parameters after construction, gradients of step 0, final parameters). With ``spy``,
+    ``per_step`` gets each step's allreduces as ``(during backward?, bytes)``."""
     model = make_model(seed)
     net = fn(model, bucket_cap_mb=_DDP_CAP_MB, group=None) if fn is not None else model
     start = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     grads0 = None
     for step in range(steps):
+        seen = len(spy.calls) if spy is not None else 0
         idx = torch.arange(global_batch) + step * global_batch
         mine = idx[r::n]
         opt.zero_grad()
@@ -110,10 +112,78 @@ def _ddp_train(make_model, fn, X, y, steps, global_batch, r, n, seed, spy=None):
             spy.watching = False
         if fn is not None:
             net.finish_gradient_synchronization()
+        if per_step is not None:
+            per_step.append([(w, nbytes) for w, _, nbytes in spy.calls[seen:]])
         if step == 0:
             grads0 = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
         opt.step()
     return start, grads0, [p.detach().clone() for p in model.parameters()]
+
+
+def _param_bytes_in_backward(model) -> list[int]:
+    """The bytes of each parameter, in the order backward makes their gradients: from the last one back."""
+    return [q.numel() * q.element_size() for q in list(model.parameters())[::-1]]
+
+
+def _buckets_in_backward(params: list[int], cap: int) -> list[int]:
+    """The bytes of DDP's buckets over parameters of ``params`` bytes (in backward order): a bucket closes once
+    it holds ``cap`` bytes (the last one may not be full)."""
+    sizes, held = [], 0
+    for nbytes in params:
+        held += nbytes
+        if held >= cap:
+            sizes, held = sizes + [held], 0
+    return sizes + ([held] if held else [])
+
+
+def _runs_of(sizes: list[int], params: list[int]) -> list[list[int]] | None:
+    """``params`` cut into runs of consecutive parameters whose bytes are ``sizes`` (covering them all, in their
+    order), or None when they cannot be."""
+    runs, i = [], 0
+    for size in sizes:
+        run = []
+        while sum(run) < size and i < len(params):
+            run, i = run + [params[i]], i + 1
+        if sum(run) != size:
+            return None
+        runs.append(run)
+    return runs if i == len(params) else None
+
+
+def _bucket_verdict(per_step: list, params: list[int], cap: int) -> Verdict | None:
+    """What the allreduces of each step say about the buckets (None: buckets of consecutive parameters in
+    backward order, each closed at the cap as DDP does, or just before it, started during backward).
+    ``params``: the parameters' bytes in backward order; ``cap``: bucket_cap_mb in bytes."""
+    during = [[b for w, b in calls if w] for calls in per_step]
+    if during[0] and any(not d for d in during[1:]):
+        k = next(i for i, d in enumerate(during) if not d)
+        return Verdict(False, f"the first backward starts its buckets, but backward {k + 1} starts none: the per-bucket "
+                              "counts are never reset. In finish_gradient_synchronization set them back to 0, ready "
+                              "for the next backward")
+    sent = [b for _, b in per_step[0]]
+    ddp = _buckets_in_backward(params, cap)
+    if len(sent) == len(params) > len(ddp) and sorted(sent) == sorted(params):
+        return Verdict(False, f"one allreduce per parameter ({len(sent)} messages in a step, where buckets of "
+                              f"bucket_cap_mb make {len(ddp)}): pack the gradients into buckets and all-reduce each "
+                              "bucket once, or every small tensor pays the latency of a message")
+    forward = _buckets_in_backward(params[::-1], cap)[::-1]      # filled from the first parameter, started in backward
+    if during[0] == forward != ddp:
+        return Verdict(False, f"your buckets ({during[0]} bytes, in the order they started) hold the parameters in "
+                              "forward order: backward makes the last layer's gradients first, so fill the buckets "
+                              "from the last parameter back (reversed(params)); filled from the front, the first "
+                              "bucket to start is the small remainder and the big ones wait for the whole backward")
+    runs = _runs_of(during[0], params)
+    if runs is None:
+        return Verdict(False, f"your buckets ({during[0]} bytes, in the order they started) are not runs of "
+                              f"consecutive parameters in backward order (DDP's would be {ddp} bytes): a bucket "
+                              "holds the gradients backward makes one after the other, and starts with the last")
+    for k, run in enumerate(runs[:-1]):
+        held, nxt = sum(run), runs[k + 1][0]
+        if not ((held >= cap and held - run[-1] < cap) or (held <= cap < held + nxt)):
+            return Verdict(False, f"a bucket of {held} bytes, where bucket_cap_mb is {cap} bytes: close a bucket when "
+                                  "it reaches the cap (all but the last), so that each message carries about "
+                                  "bucket_cap_mb")
+    return None
 
 
 def _same(a, b, tol=1e-9):
@@ -143,9 +213,10 @@ def check_my_ddp(fn, **_):
     seed0 = dist.seed_for_rank(7, 0)
     serial = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, steps, gb, 0, 1, seed0)
     local = _ddp_train(lambda s: _ddp_mlp(s, dev), None, X, y, 1, gb, r, n, seed0)   # this rank's share, alone
+    per_step = []
     with AllReduceSpy() as spy:
         start, grads0, final = _ddp_train(lambda s: _ddp_mlp(s, dev), fn, X, y, steps, gb, r, n,
-                                          dist.seed_for_rank(7, r), spy)
+                                          dist.seed_for_rank(7, r), spy, per_step)
     if not (_agree_across_ranks(start) and all(_same(a, b) for a, b in zip(start, serial[0]))):
         return Verdict(False, f"{_DDP_NO_BROADCAST}: broadcast rank 0's parameters in __init__ "
                               "(tdist.broadcast(p.data, src=0, group=group)), since each rank initialised its own")
@@ -176,6 +247,9 @@ def check_my_ddp(fn, **_):
     if spy.launched and not any(spy.launched):
         return Verdict(False, f"{_DDP_NOT_IN_HOOK}: the hook must start a bucket's allreduce as soon as its last "
                               "gradient is ready, not finish_gradient_synchronization")
+    buckets = _bucket_verdict(per_step, _param_bytes_in_backward(_ddp_mlp(0, dev)), int(_DDP_CAP_MB * 2 ** 20))
+    if buckets is not None:
+        return buckets
     serial2 = _ddp_train(lambda s: _two_heads(s, dev), None, X, y, 2, gb, 0, 1, seed0)
     # The head is unused on every rank, so every rank starts the same allreduces whatever the class does: a class
     # that ignores it leaves a bucket unreduced (the ranks drift apart), it cannot deadlock the check.
@@ -185,6 +259,7 @@ def check_my_ddp(fn, **_):
     try:
         _, _, final2 = _ddp_train(lambda s: _two_heads(s, dev), fn, X, y, 2, gb, r, n, dist.seed_for_rank(7, r))
     except Exception as e:                  # e.g. waiting for the handle of a bucket that was never started
+        raised(e)
         return Verdict(False, f"with a parameter that {_DDP_UNUSED} (a head that forward does not use) your class "
                               f"raised {type(e).__name__}: {e}. The parameter's {advice}")
     if not (all(_same(a, b) for a, b in zip(final2, serial2[2])) and _agree_across_ranks(final2)):

@@ -35,6 +35,8 @@ HEAD_HINTS = {
                   "feats), not to the view's index",
     "no_requires_grad": "a received feature block has no gradient (None was sent): call requires_grad_(True) on "
                         "it, so that backward computes its gradient",
+    "extra_recv": "the head waits for a message that no encoder rank sends: it gets one feature block per view "
+                  "it does not own and per micro-batch, and nothing else (on the ranks it would wait for ever)",
     "no_grad_back": "the gradients are not sent back: after backward, send each received view's gradient to the "
                     "rank it came from; that rank waits for it to run its encoder's backward",
     "not_scaled": "the gradients are `scale` times too large: divide the micro-batch's summed loss by `scale` "
@@ -100,11 +102,14 @@ def check_view_head(fn, **_) -> Verdict:
         return Verdict(False, HEAD_HINTS["view_index"])
     if "none" in seen:
         return Verdict(False, HEAD_HINTS["no_requires_grad"])
-    if any(isinstance(pr, tuple) for pr in seen):
-        return Verdict(False, HEAD_HINTS["no_grad_back"])
-    errors = [(s, e[1]) for s, e in enumerate(every) if e[1]]
+    # an exception comes before what it left undone (the branch ranks then wait for gradients never sent)
+    errors = [(s, e[1]) for s, e in enumerate(every) if e[1] and not e[1].startswith("NeverSent")]
     if errors:
         return Verdict(False, f"your function raised on rank {errors[0][0]}: {errors[0][1]}")
+    if any(isinstance(pr, tuple) for pr in every[head_rank][0]):       # the head waited for a message never sent
+        return Verdict(False, HEAD_HINTS["extra_recv"])
+    if any(isinstance(pr, tuple) for pr in seen):                      # an encoder rank waited for its gradient
+        return Verdict(False, HEAD_HINTS["no_grad_back"])
 
     def serial(factor=1.0):
         encs, hd = _view_model()

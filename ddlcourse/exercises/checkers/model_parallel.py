@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.exercises import rehearsal
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise, raised
 
 
 @exercise("naive_idle_fraction", "one stage works at a time: each rank works 1/p of the time")
@@ -46,11 +47,12 @@ class P2P:
     each other) ends after ``timeout`` seconds. Everything sent and received is logged in ``self.log``.
     """
 
-    def __init__(self, timeout: float = 20.0):
+    def __init__(self, timeout: float = 20.0, dtype=torch.float32):
         from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI, wanted on the ranks only
         self.comm = MPI.COMM_WORLD.Dup()          # collective: every rank creates its checker's P2P together
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout, self.log, self.problems = timeout, [], []
+        self.dtype = dtype                        # the stages compute in it: a float tensor sent in another is wrong
         self.not_written = False
 
     # the learner's primitives ------------------------------------------------------------------------------
@@ -62,6 +64,11 @@ class P2P:
         if not 0 <= dst < self.world or dst == self.rank:
             self.problems.append("peer")
             raise ValueError(f"rank {self.rank} sent to rank {dst}, which is not another rank of {self.world}")
+        if t.is_floating_point() and t.dtype != self.dtype:
+            self.problems.append("dtype")
+            raise TypeError(f"rank {self.rank} sent a {t.dtype} tensor to rank {dst}; the stages compute in "
+                            f"{self.dtype}: send activations and gradients as they are (no .double(), no trip "
+                            "through numpy)")
         arr = t.detach().cpu().numpy().copy()
         self.log.append(("send", dst, tuple(arr.shape)))
         _LIMBO.append(self.comm.isend(("data", arr), dest=dst, tag=_TAG))
@@ -89,6 +96,8 @@ class P2P:
         if not 0 <= src < self.world or src == self.rank:
             self.problems.append("peer")
             raise ValueError(f"rank {self.rank} received from rank {src}, which is not another rank of {self.world}")
+        if rehearsal.calls() is not None:     # a rehearsal: wait in a real receive, so the referee sees a cycle at once
+            self.comm.Probe(source=src, tag=_TAG)
         deadline = time.monotonic() + self.timeout
         while not self.comm.Iprobe(source=src, tag=_TAG):
             if time.monotonic() > deadline:
@@ -109,6 +118,8 @@ class P2P:
             fn(*args)
         except Exception as e:       # noqa: BLE001  (the learner's error, reported by the checker)
             err = e
+            if not isinstance(e, (NotImplementedError, NeverSent)):
+                raised(e)
             self.not_written = self.not_written or isinstance(e, NotImplementedError)
         finally:
             for r in range(self.world):
@@ -161,8 +172,10 @@ def _flat_grads(module) -> np.ndarray:
                            .reshape(-1).numpy() for q in module.parameters()])
 
 
-def _stage_step_diagnosis(run, sends_per_rank, r, p) -> str | None:
-    """The first typical mistake that the ranks' problems and send logs show, or None."""
+def _stage_step_diagnosis(run, sends_per_rank, errors, r, p) -> str | None:
+    """The first typical mistake that the ranks' problems, send logs and exceptions (``repr`` or None, one per
+    rank) show, or None. An exception on one rank comes before what it left undone: its neighbours then wait for
+    messages it never sent."""
     problems = [pr for rank_probs in run for pr in rank_probs]
     for s, sends in enumerate(sends_per_rank):         # a float tensor to the wrong side
         for _, dst, shape in sends:
@@ -175,12 +188,15 @@ def _stage_step_diagnosis(run, sends_per_rank, r, p) -> str | None:
         return HINTS["no_requires_grad"]
     if "shape" in problems:
         return HINTS["guessed_shape"]
-    for s in range(1, p):
-        if not any(dst == s - 1 and len(shape) == 2 for _, dst, shape in sends_per_rank[s]):
-            return HINTS["no_grad_back"]
     if "timeout" in problems:
         return ("two ranks wait for each other's message: a stage sends its output before it waits for the "
                 "gradient, and receives its input before it runs")
+    raised = [(s, e) for s, e in enumerate(errors) if e and not e.startswith("NeverSent")]
+    if raised:
+        return f"your function raised on rank {raised[0][0]}: {raised[0][1]}"
+    for s in range(1, p):
+        if not any(dst == s - 1 and len(shape) == 2 for _, dst, shape in sends_per_rank[s]):
+            return HINTS["no_grad_back"]
     return None
 
 
@@ -200,12 +216,9 @@ def check_stage_send_recv(fn, **_) -> Verdict:
     err = link.run(fn, stage, X if r == 0 else None, Y if r == p - 1 else None, loss_fn, r, p,
                    link.send, link.recv_into)
     every = link.gather((link.problems, [e for e in link.log if e[0] == "send"], repr(err) if err else None))
-    hint = _stage_step_diagnosis([e[0] for e in every], [e[1] for e in every], r, p)
+    hint = _stage_step_diagnosis([e[0] for e in every], [e[1] for e in every], [e[2] for e in every], r, p)
     if hint:
         return Verdict(False, hint)
-    errors = [(s, e[2]) for s, e in enumerate(every) if e[2]]
-    if errors:
-        return Verdict(False, f"your function raised on rank {errors[0][0]}: {errors[0][1]}")
 
     def serial_grads(scale_last=1.0, ones=False):
         stages = _stages(p)

@@ -4,7 +4,7 @@ import os
 
 from ddlcourse import dcp
 from ddlcourse.exercises.solutions.native_sharding_checkpoints import RESHARD_VARIANTS, SHARD_VARIANTS
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, raised
 from ddlcourse.training import run_dir
 
 # (rows, ranks): even splits, uneven ones, more ranks than rows
@@ -59,6 +59,7 @@ def _reshard_run(fn, folder, rank, n_ranks, record):
             rows = "not written yet"
         except Exception as e:          # a wrong slice may fail on some rank only: every rank must still answer
             rows = f"{type(e).__name__}: {e}"
+            raised(e)
         finally:
             torch.load = real_load
         out.append((rows, sorted(set(loaded), key=str)))

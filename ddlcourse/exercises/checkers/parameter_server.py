@@ -8,7 +8,7 @@ import numpy as np
 from ddlcourse.exercises.solutions.parameter_server import PS_VARIANTS, SSP_VARIANTS, ssp_server
 from ddlcourse.experiments.param_server import traffic_model, train_ps
 from ddlcourse.parallel.param_server import GRAD, PARAM
-from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, code_exercise, diagnose, exercise, raised
 
 
 # Exercise 2: traffic, counted as the bytes each process SENDS per step (the notebook's one convention).
@@ -137,6 +137,7 @@ class _SimWorkers:
             raise ValueError(f"send the parameters with tag ps.PARAM ({PARAM}), not {tag}")
         if dest in self.pending:
             raise RuntimeError(f"you sent worker {dest} new parameters before receiving the gradient it owes you")
+        self._fits(buf, f"worker {dest} receives the parameters into", "you sent")
         self.pending[dest] = _ssp_grad(int(dest), np.array(buf, dtype=np.float64))
         self.pulls[dest] += 1
 
@@ -147,7 +148,17 @@ class _SimWorkers:
         if source not in self.pending:
             raise RuntimeError(f"you wait for a gradient from worker {source}, which holds no parameters to work on: "
                                "on the ranks that waits for ever")
+        self._fits(buf, f"worker {source} sends its gradient as", "you receive it into")
         buf[...] = self.pending.pop(source)
+
+    @staticmethod
+    def _fits(buf, theirs: str, yours: str) -> None:
+        """The workers send and receive float64 arrays of the parameters' size: a buffer of another size or dtype
+        would be a truncated message or garbage on the ranks."""
+        arr, size = np.asarray(buf), len(_ssp_start())
+        if arr.dtype != np.float64 or arr.size != size:
+            raise ValueError(f"{theirs} {size} float64, and {yours} {arr.size} {arr.dtype}: a message must fit its "
+                             "receive (same dtype, as many elements)")
 
 
 def _ssp_cases(W: int) -> list:
@@ -216,7 +227,7 @@ def _ssp_on_ranks(fn, comm) -> tuple[np.ndarray | None, str, list]:
             try:
                 outs.append(np.array(fn(sub, _ssp_start(), steps, s, 0.1, list(order)), dtype=np.float64))
             except Exception as e:           # noqa: BLE001 -- told to every rank, then the workers are stopped
-                err = err or f"your function raised {type(e).__name__}: {e}"
+                err = err or raised(e)
             for w in range(1, W + 1):
                 sub.Send(np.zeros(len(_ssp_start())), dest=w, tag=SSP_STOP)
             pulls.append(None)
@@ -250,7 +261,7 @@ def check_ssp_server(fn, **_):
         except NotImplementedError:
             verdict = (False, "not written yet: replace the `raise NotImplementedError` with your code")
         except Exception as e:               # noqa: BLE001 -- said on every rank
-            verdict = (False, f"your function raised {type(e).__name__}: {e}")
+            verdict = (False, raised(e))
     verdict = comm.bcast(verdict, root=0)
     if verdict is not None:
         return Verdict(*verdict)

@@ -68,6 +68,9 @@ EXEC_HINTS = {
                    "so divide each micro-batch's loss by the number of micro-batches",
     "not_accumulated": "only the last micro-batch's gradient is left: the gradients of all micro-batches must "
                        "add up in .grad (backward adds; do not zero or overwrite .grad between micro-batches)",
+    "dtype": "a tensor went to another stage in another dtype than the stages compute in: send the activation "
+             "and its gradient as they are (no .double(), no trip through numpy), so the next stage's layers "
+             "and backward get the dtype of their parameters",
     "lifo": "a backward paired a gradient with another micro-batch's output: gradients come back in the order "
             "of the forwards, so each backward takes the OLDEST saved micro-batch (first in, first out)",
 }
@@ -77,11 +80,14 @@ ROWS = (3, 4, 5, 6, 7, 8)           # micro-batch i has ROWS[i] samples: a tenso
 class _DryRun:
     """send/recv for a rehearsal of the learner's executor on this rank alone: nothing travels, so nothing can
     hang. recv returns the next activation (from rank - 1) or gradient (from rank + 1) in micro-batch order, of
-    the right shape; the calls are turned into the stage's order of F and B."""
+    the right shape; the calls are turned into the stage's order of F and B. A receive that the neighbour could
+    never answer (the gradient of a micro-batch not yet sent forward, an activation past the last micro-batch) is
+    the deadlock it would be on the ranks, and raises."""
 
-    def __init__(self, s: int, p: int, dims: list[int]):
-        self.s, self.p, self.dims = s, p, dims
+    def __init__(self, s: int, p: int, m: int, dims: list[int], dtype=torch.float32):
+        self.s, self.p, self.m, self.dims, self.dtype = s, p, m, dims, dtype
         self.ops, self.n_act, self.n_grad, self.problems = [], 0, 0, []
+        self.n_forward = 0                       # activations sent to rank s + 1
         self.gen = torch.Generator().manual_seed(1000 + s)
 
     def send(self, t, dst):
@@ -92,7 +98,11 @@ class _DryRun:
         if dst not in (s - 1, s + 1) or not 0 <= dst < self.p:
             self.problems.append("peer")
             raise ValueError(f"rank {s} sent to rank {dst}")
+        if isinstance(t, torch.Tensor) and t.dtype != self.dtype:
+            self.problems.append("dtype")
+            raise TypeError(f"rank {s} sent {t.dtype} to rank {dst}; the stages compute in {self.dtype}")
         mb = ROWS.index(t.shape[0]) if t.shape[0] in ROWS else -1
+        self.n_forward += dst == s + 1
         if dst == s + 1 and s == 0:
             self.ops.append(f"F{mb}")
         if dst == s - 1 and s == self.p - 1:
@@ -103,6 +113,15 @@ class _DryRun:
         if src not in (s - 1, s + 1) or not 0 <= src < self.p:
             self.problems.append("peer")
             raise ValueError(f"rank {s} received from rank {src}")
+        if src == s - 1 and self.n_act >= self.m:
+            self.problems.append("waits")
+            raise RuntimeError(f"stage {s} waits for activation {self.n_act + 1} from rank {src}, which sends only "
+                               f"{self.m} (one per micro-batch): on the ranks it would wait for ever")
+        if src == s + 1 and self.n_grad >= self.n_forward:
+            self.problems.append("waits")
+            raise RuntimeError(f"stage {s} waits for the gradient of micro-batch {self.n_grad} from rank {src} before "
+                               "it has sent that micro-batch forward: on the ranks the two stages would wait for "
+                               "each other for ever (deadlock)")
         if src == s - 1:
             k, self.n_act = self.n_act, self.n_act + 1
             self.ops.append(f"F{k}")
@@ -124,7 +143,7 @@ def _rehearse(fn, s: int, p: int, m: int) -> Verdict | None:
     of the micro-batches is wrong, else None."""
     dims = list(WIDTHS[:p]) + [N_CLASSES]
     xs, ys = _data(m)
-    fake = _DryRun(s, p, dims)
+    fake = _DryRun(s, p, m, dims)
     stage = copy.deepcopy(_stages(p)[s])
     where = f"stage {s} of {p}, {m} micro-batches"
     try:
@@ -137,6 +156,10 @@ def _rehearse(fn, s: int, p: int, m: int) -> Verdict | None:
             return Verdict(False, f"{where}: {HINTS['wrong_neighbour']}")
         if "none" in fake.problems:
             return Verdict(False, f"{where}: {HINTS['no_requires_grad']}")
+        if "waits" in fake.problems:
+            return Verdict(False, f"{where}: {e}")
+        if "dtype" in fake.problems:
+            return Verdict(False, f"{where}: {e}: {EXEC_HINTS['dtype']}")
         if "Mismatch in shape" in str(e) or "grad_output" in str(e):
             return Verdict(False, f"{where}: {EXEC_HINTS['lifo']}")
         return Verdict(False, f"{where}: your function raised {type(e).__name__}: {e}")
@@ -170,11 +193,14 @@ def check_pipeline_1f1b(fn, **_) -> Verdict:
     if "timeout" in problems:
         return Verdict(False, "two ranks waited for each other's message: check the order of your sends and "
                               "receives against the schedule")
+    # an exception on one rank leaves its neighbours without the message it would have sent: name the cause
+    errors = [(r, e[1]) for r, e in enumerate(every) if e[1] and not e[1].startswith("NeverSent")]
+    if errors:
+        r, e = errors[0]
+        hint = f": {EXEC_HINTS['dtype']}" if "dtype" in e else ""
+        return Verdict(False, f"your function raised on rank {r}: {e}{hint}")
     if any(isinstance(pr, tuple) for pr in problems):
         return Verdict(False, HINTS["no_grad_back"])
-    errors = [(r, e[1]) for r, e in enumerate(every) if e[1]]
-    if errors:
-        return Verdict(False, f"your function raised on rank {errors[0][0]}: {errors[0][1]}")
 
     def serial(kind=None):
         stages = _stages(p)

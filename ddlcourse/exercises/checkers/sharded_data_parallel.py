@@ -8,7 +8,7 @@ from ddlcourse import dist
 from ddlcourse.exercises.solutions.sharded_data_parallel import ZERO1_VARIANTS
 from ddlcourse.memory import SavedTensors
 from ddlcourse.parallel import sharded
-from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise
+from ddlcourse.selfcheck import Verdict, agreed, code_exercise, diagnose, exercise, raised
 
 
 @exercise("zero2_bytes_per_param", "parameters stay whole (4 bytes); gradients (4) and Adam state (8) are split over N")
@@ -92,6 +92,9 @@ _SHARD_HINTS = {
     "all_reduce": "you all-reduced the whole gradient: every rank then holds all of it, which ZeRO-3 is there "
                   "to avoid; reduce-scatter it (torch.distributed.reduce_scatter) so each rank receives only its "
                   "shard's sum",
+    "gather": "you all-gathered whole gradients: every rank then holds every rank's gradient, world times more "
+              "than ZeRO-3 lets it hold; reduce-scatter the gradient (torch.distributed.reduce_scatter) so each "
+              "rank receives only its shard's sum (the only all-gather of ZeRO-3 is of the parameter shards)",
     "sum": "the shard's gradient is the sum over the ranks: divide it by world (the mean, as serial training on "
            "the whole batch has)",
     "keep": "the full weight stays alive after forward",
@@ -102,16 +105,20 @@ _SHARD_HINTS = {
 
 
 class _Collectives:
-    """Counts the calls of torch.distributed's collectives while it is active (the learner's, not the checker's)."""
+    """Counts the calls of torch.distributed's collectives while it is active (the learner's, not the checker's),
+    and keeps the largest tensor a rank gave to an all-gather (``gathered``: numbers)."""
     NAMES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor")
 
     def __enter__(self):
         import torch.distributed as tdist
-        self.calls, self.saved = {}, {n: getattr(tdist, n) for n in self.NAMES}
+        self.calls, self.saved, self.gathered = {}, {n: getattr(tdist, n) for n in self.NAMES}, 0
 
         def counted(name, f):
             def call(*a, **k):
                 self.calls[name] = self.calls.get(name, 0) + 1
+                if name.startswith("all_gather"):
+                    given = k.get("tensor", k.get("input_tensor", a[1] if len(a) > 1 else None))
+                    self.gathered = max(self.gathered, given.numel() if given is not None else 0)
                 return f(*a, **k)
             return call
         for n, f in self.saved.items():
@@ -171,7 +178,7 @@ def _train_sharded(cls, W, b, X, Y, rank, world, lr):
             F.mse_loss(y, Y[s, rows]).backward()
             opt.step()
             out["vec"] += [y.detach().reshape(-1), x.grad.reshape(-1)]
-    out["params"], out["calls"] = params, coll.calls
+    out["params"], out["calls"], out["gathered"] = params, coll.calls, coll.gathered
     out["vec"] = torch.cat(out["vec"]).cpu().numpy()
     return out
 
@@ -225,6 +232,9 @@ def _judge_sharded(res, W, b, X, Y, rank, world, lr) -> Verdict:
         return v
     if res["calls"].get("all_reduce"):
         return Verdict(False, _SHARD_HINTS["all_reduce"])
+    if res["gathered"] > size:
+        return Verdict(False, f"{_SHARD_HINTS['gather']} (a rank gave {res['gathered']} numbers to an all-gather; "
+                              f"a shard has {size})")
     if res["kept"] >= n_w:
         return Verdict(False, f"{_SHARD_HINTS['keep']}: autograd keeps a tensor of {res['kept']} numbers for "
                               f"backward (the weight has {n_w}); save the shard and gather the weight again in "
@@ -262,6 +272,7 @@ def check_sharded_linear(cls, steps: int = 3, lr: float = 0.1, **_) -> Verdict:
         raise
     except Exception as e:                                         # the learner's code, on the uneven layer
         res_u = e
+        raised(e)
     res_e = _train_sharded(cls, *even, r, n, lr)
     v = _judge_sharded(res_e, *even, r, n, lr)
     if v.ok and isinstance(res_u, Exception):

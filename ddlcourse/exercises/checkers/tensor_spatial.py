@@ -36,15 +36,20 @@ def check_halo_exchange(fn, **_) -> Verdict:
     info = dist.init()
     r, p = dist.rank(), dist.world_size()
     g = torch.Generator().manual_seed(11)
-    image = torch.randn(2, 3, 4 * p, 5, generator=g, dtype=torch.float64)   # (N, C, H, W), the same on all ranks
+    # float32, as a model's activations are: the exchange only moves values, so the comparison is exact, and
+    # zeros made in float64 (numpy's default) or on the CPU show in the output's dtype or device
+    image = torch.randn(2, 3, 4 * p, 5, generator=g)                           # (N, C, H, W), the same on all ranks
     x = image[:, :, 4 * r:4 * (r + 1)].contiguous().to(info.device)           # this rank's slab of rows
+    kind = []                                                                 # what the learner's output was
 
-    def run(f):
+    def run(f, learner=False):
         outs = []
         for halo in (1, 2):
             snd = mp.Sender()
             out = f(x.clone(), halo, r, p, lambda t, dst: snd.send(t, dst), lambda src: mp.recv_tensor(src, device=info.device))
             snd.wait_all()
+            if learner and isinstance(out, torch.Tensor):
+                kind.append((out.dtype, out.device))
             outs.append(np.asarray(torch.as_tensor(out).detach().cpu(), dtype=float).reshape(-1))
         return np.concatenate(outs)
 
@@ -53,6 +58,12 @@ def check_halo_exchange(fn, **_) -> Verdict:
                               for h in (1, 2)])
     # every rank runs every variant (they communicate); with 2 ranks the wrap-around sends two messages to the
     # one neighbour, which arrive in order, so the periodic variant's result is deterministic there too
-    mistakes = {h: run(HALO_VARIANTS[k]) for k, h in _HALO_HINTS.items()}
-    v = diagnose(run(fn), ref, mistakes, rtol=1e-12, atol=1e-12, what=f"rank {r}'s padded slab")
+    mistakes = {h: run(HALO_VARIANTS[k]) for k, h in _HALO_HINTS.items()}      # (the dtype is checked below)
+    v = diagnose(run(fn, learner=True), ref, mistakes, rtol=0, atol=0, what=f"rank {r}'s padded slab")
+    odd = [(dt, dev) for dt, dev in kind if dt != x.dtype or dev != x.device]
+    if v.ok and odd:
+        dt, dev = odd[0]
+        v = Verdict(False, f"the padded slab is {dt} on {dev}, but the slab came as {x.dtype} on {x.device}: make "
+                           "the zeros of the image's edges like the slab (torch.zeros_like), not with numpy's or "
+                           "torch's defaults, or the next layer gets a tensor of another dtype or device")
     return agreed(v)          # a mistake at the image's edges leaves the middle ranks right: say it on all

@@ -116,7 +116,16 @@ RING_VARIANTS = {
     "divide": _ring_variant("no_division", divide=False),
 }
 
+def _own_block_only(q, k, v):
+    """No ring at all: causal attention over this rank's own block (right on rank 0 only)."""
+    T = q.shape[-2]
+    s = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(
+        torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
 reference("ring_attention_forward", mistakes=[
+    (_own_block_only, "your result is attention over this rank's own block only"),
     (RING_VARIANTS["rescale"], "no rescaling when the max changes"),
     (RING_VARIANTS["mask_all"], "causal mask on every block"),
     (RING_VARIANTS["future"], "future blocks are not skipped"),

@@ -102,7 +102,7 @@ class MyDDP(torch.nn.Module):
 
 
 def _ddp_variant(broadcast=True, mean=True, wait_in_hook=False, launch_in_hook=True, last_bucket=True,
-                 zeros_for_unused=True):
+                 zeros_for_unused=True, reset_counts=True, per_parameter=False, forward_order=False):
     """MyDDP with one typical mistake (each flag off, or on, gives one)."""
 
     class Variant(torch.nn.Module):
@@ -115,9 +115,9 @@ def _ddp_variant(broadcast=True, mean=True, wait_in_hook=False, launch_in_hook=T
                 with torch.no_grad():
                     for p in params:
                         tdist.broadcast(p.data, src=0, group=group)
-            cap = bucket_cap_mb * 1024 * 1024
+            cap = 0 if per_parameter else bucket_cap_mb * 1024 * 1024     # cap 0: a bucket per parameter
             self.buckets, bucket, size = [], [], 0
-            for p in reversed(params):
+            for p in (params if forward_order else reversed(params)):
                 bucket.append(p)
                 size += p.numel() * p.element_size()
                 if size >= cap:
@@ -161,7 +161,8 @@ def _ddp_variant(broadcast=True, mean=True, wait_in_hook=False, launch_in_hook=T
                         p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
                     offset += p.numel()
             self.pending.clear()
-            self.ready = [0] * len(self.buckets)
+            if reset_counts:
+                self.ready = [0] * len(self.buckets)
 
     return Variant
 
@@ -173,4 +174,7 @@ reference("my_ddp", mistakes=[
     (_ddp_variant(launch_in_hook=False), "no allreduce starts during backward"),
     (_ddp_variant(last_bucket=False), "were never all-reduced"),
     (_ddp_variant(zeros_for_unused=False), "gets no gradient"),
+    (_ddp_variant(reset_counts=False), "never reset"),
+    (_ddp_variant(per_parameter=True), "one allreduce per parameter"),
+    (_ddp_variant(forward_order=True), "in forward order"),
 ])(MyDDP)

@@ -75,7 +75,8 @@ def stage_1f1b_solution(stage, inputs, targets, loss_fn, rank, world, num_micro_
 
 
 def _executor_variant(kind: str):
-    """The solution with one typical mistake: "warmup_plus_one", "not_divided", "not_accumulated", "lifo"."""
+    """The solution with one typical mistake: "warmup_plus_one", "not_divided", "not_accumulated", "lifo",
+    "float64" (activations sent in double precision)."""
     def step(stage, inputs, targets, loss_fn, rank, world, num_micro_batches, send, recv):
         m = num_micro_batches
         warmup = min(world - rank - (0 if kind == "warmup_plus_one" else 1), m)
@@ -85,7 +86,7 @@ def _executor_variant(kind: str):
             inp = inputs[i] if rank == 0 else recv(rank - 1).requires_grad_(True)
             out = stage(inp)
             if rank < world - 1:
-                send(out, rank + 1)
+                send(out.double() if kind == "float64" else out, rank + 1)
             else:
                 out = loss_fn(out, targets[i]) / (1 if kind == "not_divided" else m)
             saved.append((inp, out))
@@ -116,4 +117,5 @@ reference("pipeline_1f1b", mistakes=[
     (_executor_variant("warmup_plus_one"), "one warm-up forward too many"),
     (_executor_variant("not_divided"), "m times too large"),
     (_executor_variant("not_accumulated"), "only the last micro-batch's gradient"),
-    (_executor_variant("lifo"), "OLDEST saved micro-batch")])(stage_1f1b_solution)
+    (_executor_variant("lifo"), "OLDEST saved micro-batch"),
+    (_executor_variant("float64"), "in another dtype than the stages compute in")])(stage_1f1b_solution)

@@ -117,6 +117,7 @@ class ShardedLinear(torch.nn.Module):
 
 def _sharded_variant(kind: str):
     """ShardedLinear with one typical mistake: ``all_reduce`` (the whole gradient all-reduced, then sliced),
+    ``gather_grads`` (every rank's whole gradient all-gathered and summed here),
     ``sum`` (no division by world), ``keep`` (the gathered weight kept for backward), ``floor`` (shards of
     P // world numbers: no padding), ``view`` (the shard a view of the full flat vector)."""
     import torch.distributed as tdist
@@ -141,6 +142,10 @@ def _sharded_variant(kind: str):
                 if kind == "all_reduce":
                     tdist.all_reduce(grad_flat)
                     grad_shard = grad_flat.chunk(layer.world)[layer.rank].clone()
+                elif kind == "gather_grads":                 # every rank's whole gradient, summed here
+                    every = [torch.empty_like(grad_flat) for _ in range(layer.world)]
+                    tdist.all_gather(every, grad_flat)
+                    grad_shard = torch.stack(every).sum(0).chunk(layer.world)[layer.rank].clone()
                 else:
                     grad_shard = torch.empty_like(shard)
                     tdist.reduce_scatter(grad_shard, list(grad_flat.chunk(layer.world)))
@@ -169,6 +174,7 @@ def _sharded_variant(kind: str):
 # The fragments are the checker's hints (_SHARD_HINTS) up to their first colon.
 reference("sharded_linear", mistakes=[
     (_sharded_variant("all_reduce"), "you all-reduced the whole gradient"),
+    (_sharded_variant("gather_grads"), "you all-gathered whole gradients"),
     (_sharded_variant("sum"), "the shard's gradient is the sum over the ranks"),
     (_sharded_variant("keep"), "the full weight stays alive after forward"),
     (_sharded_variant("floor"), "when P is not divisible by world, pad the flat parameters with zeros to a multiple "

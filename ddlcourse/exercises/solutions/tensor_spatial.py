@@ -43,6 +43,8 @@ def _halo_variant(kind: str):
         if periodic or rank < world - 1:
             send(last, down)
         zeros = torch.zeros_like(x[:, :, :halo])
+        if kind == "float64_zeros":                   # numpy's habit: the edges' zeros in double precision
+            zeros = torch.zeros(zeros.shape, dtype=torch.float64, device=x.device)
         above = recv(up) if (periodic or rank > 0) else zeros
         below = recv(down) if (periodic or rank < world - 1) else zeros
         if kind == "swapped":
@@ -51,9 +53,10 @@ def _halo_variant(kind: str):
     return exchange
 
 
-HALO_VARIANTS = {kind: _halo_variant(kind) for kind in ("wrong_edge", "periodic", "one_row", "swapped")}
+HALO_VARIANTS = {kind: _halo_variant(kind)
+                 for kind in ("wrong_edge", "periodic", "one_row", "swapped", "float64_zeros")}
 
-# the hint fragments are the checker's whole _HALO_HINTS
+# the hint fragments are the checker's whole _HALO_HINTS, and its check of the output's dtype
 reference("halo_exchange", mistakes=[
     (HALO_VARIANTS["wrong_edge"], "you sent the wrong edge: the rank above needs your first rows, the rank below "
                                   "your last rows"),
@@ -62,4 +65,5 @@ reference("halo_exchange", mistakes=[
     (HALO_VARIANTS["one_row"], "your halo is always one row: send and receive `halo` rows (a 5x5 convolution "
                                "needs 2)"),
     (HALO_VARIANTS["swapped"], "you put the rows from the rank below on top: the rows of rank - 1 go above your "
-                               "slab, those of rank + 1 below it")])(halo_exchange)
+                               "slab, those of rank + 1 below it"),
+    (HALO_VARIANTS["float64_zeros"], "make the zeros of the image's edges like the slab (torch.zeros_like)")])(halo_exchange)
