@@ -96,8 +96,9 @@ PROFILES: dict[str, dict[str, dict]] = {
                       batches_per_iter=2, strong_global_batch=16),
         "laptop": dict(n_ranks=4, model="smallcnn", width=16, image_size=32, batch_size=16, num_iters=5,
                        batches_per_iter=3, strong_global_batch=64),
+        # cluster: strong_global_batch 192 (was 256: its 1-rank point needed 15.8 GiB of a T4's 14.75, plan.py)
         "cluster": dict(n_ranks=8, model="resnet", width=64, image_size=224, batch_size=64, num_iters=10,
-                        batches_per_iter=10, strong_global_batch=256),
+                        batches_per_iter=10, strong_global_batch=192),
     },
 
 
@@ -173,8 +174,8 @@ PROFILES: dict[str, dict[str, dict]] = {
 
     # ---- lab 01 maize (issue 6): add sections below this line ----
     # field tiles of size x size px; n_train tiles in chunks of chunk_size (global batch = n_chunks * per_chunk)
-    # cluster: per_chunk 2 (was 4, a global batch of 256): the 1-rank strong-scaling point holds the whole global
-    # batch, and with GPU 0's NCCL communicators (world, 1/2/4/8-rank subgroups, Horovod's) it needed 18.5 GiB
+    # cluster: per_chunk 1 (was 2, before that 4): the 1-rank strong-scaling point holds the whole global batch, and
+    # with what GPU 0 also holds (plan.py: NCCL communicators, kernels left running) 2 needed 15.8 GiB of a T4's 14.75
     "lab_maize": {
         "smoke": dict(size=64, n_rows=2, n_slots=5, n_train=32, chunk_size=8, n_val=16, val_chunk_size=4,
                       per_chunk=2, seg_epochs=2, ae_epochs=2, width=8, depth=2, ae_width=8, latent=8, crop=32,
@@ -183,7 +184,7 @@ PROFILES: dict[str, dict[str, dict]] = {
                        per_chunk=2, seg_epochs=8, ae_epochs=8, width=12, depth=2, ae_width=12, latent=8, crop=32,
                        lr=3e-3, ae_lr=3e-3, weak_chunks_per_rank=1, scaling_epochs=1, n_engines=4),
         "cluster": dict(size=128, n_rows=4, n_slots=10, n_train=16384, chunk_size=256, n_val=1024,
-                        val_chunk_size=64, per_chunk=2, seg_epochs=40, ae_epochs=30, width=32, depth=3,
+                        val_chunk_size=64, per_chunk=1, seg_epochs=40, ae_epochs=30, width=32, depth=3,
                         ae_width=32, latent=16, crop=32, lr=2e-3, ae_lr=2e-3, weak_chunks_per_rank=8,
                         scaling_epochs=5, n_engines=8),
     },
@@ -210,6 +211,9 @@ PROFILES: dict[str, dict[str, dict]] = {
 
     # ---- lab 03 topology (issue 8): add sections below this line ----
     # grid (ny, nx) must be divisible by 2**depth; the fine grid is twice as wide and high.
+    # cluster: a 48x96 grid (was 64x128): the 1-rank strong-scaling point, the optimizer study's batch 512 on 2 ranks
+    # and the fine grid's batch on 2 ranks each hold 256 coarse designs' worth per rank; with what GPU 0 also holds
+    # (plan.py) 64x128 needed 17.0 GiB of a T4's 14.75
     "topology": {
         "smoke": dict(n_ranks=2, ny=16, nx=32, n_train=16, n_val=4, n_fine=2, chunk_size=1, maxloop=12,
                       width=8, depth=2, epochs=3, global_batch=8, lr=3e-3, opt_batches=[8, 16], opt_epochs=2,
@@ -217,7 +221,7 @@ PROFILES: dict[str, dict[str, dict]] = {
         "laptop": dict(n_ranks=4, ny=24, nx=48, n_train=192, n_val=32, n_fine=16, chunk_size=4, maxloop=40,
                        width=8, depth=3, epochs=12, global_batch=16, lr=3e-3, opt_batches=[16, 64], opt_epochs=6,
                        target_loss=0.45, scaling_epochs=2, finetune_epochs=3),
-        "cluster": dict(n_ranks=8, ny=64, nx=128, n_train=8192, n_val=512, n_fine=128, chunk_size=32,
+        "cluster": dict(n_ranks=8, ny=48, nx=96, n_train=8192, n_val=512, n_fine=128, chunk_size=32,
                         maxloop=100, width=32, depth=4, epochs=50, global_batch=256, lr=1e-3,
                         opt_batches=[32, 128, 512], opt_epochs=20, target_loss=0.15, scaling_epochs=2,
                         finetune_epochs=5),
@@ -227,14 +231,16 @@ PROFILES: dict[str, dict[str, dict]] = {
     # ---- lab 04 driving (issue 9): add sections below this line ----
     "lab_driving": {
         "smoke": dict(n_clips=46, n_val=23, frames=8, size=32, width=4, feat=16, hidden=32, epochs=2,
-                      global_batch=8, lr=1e-3, n_ranks=4, scaling_epochs=1),
+                      global_batch=8, micro_batches=1, lr=1e-3, n_ranks=4, scaling_epochs=1),
         # laptop: 8 epochs of 920 clips ran the notebook for over 18 minutes on 2 cores; the lab must fit 10
         "laptop": dict(n_clips=460, n_val=115, frames=12, size=48, width=8, feat=32, hidden=64, epochs=4,
-                       global_batch=16, lr=1e-3, n_ranks=4, scaling_epochs=1),
-        # cluster: global_batch 64 (was 128): the 1-rank strong-scaling point holds the whole global batch, and
-        # with GPU 0's NCCL communicators and the kernel's context counted (plan.py) 128 needed 17.8 GiB
+                       global_batch=16, micro_batches=1, lr=1e-3, n_ranks=4, scaling_epochs=1),
+        # cluster: global_batch 64 (was 128), and each rank's share of a step in micro_batches=4 (gradients
+        # accumulated, exact with GroupNorm): the 1-rank strong-scaling point holds the activations of 16 clips,
+        # not 64; with what GPU 0 also holds (plan.py: mesh lines, send/recv pairs, kernels left running) all 64
+        # needed 19.0 GiB of a T4's 14.75. The lab's Summit prediction still sees 8 clips per GPU.
         "cluster": dict(n_clips=23000, n_val=2300, frames=16, size=64, width=16, feat=128, hidden=256, epochs=30,
-                        global_batch=64, lr=2e-3, n_ranks=8, scaling_epochs=2),
+                        global_batch=64, micro_batches=4, lr=2e-3, n_ranks=8, scaling_epochs=2),
     },
 
     # ---- issue 23 (resilience): mixed precision, fault tolerance, native sharding + DCP, profiling ----
@@ -270,8 +276,9 @@ PROFILES: dict[str, dict[str, dict]] = {
         "laptop": dict(n_ranks=4, tokens_per_rank=128, dim=32, hidden=64, experts_per_rank=2, top_k=2,
                        capacity_factors=[0.5, 0.75, 1.0, 1.25, 2.0], sweep_tokens=2048, seq_len=16, steps=150,
                        batch=32, lr=3e-3),
+        # cluster: sweep_tokens 49152 (was 65536: with notebook 22's traffic measurement GPU 0 needed 14.8 GiB)
         "cluster": dict(n_ranks=8, tokens_per_rank=4096, dim=256, hidden=1024, experts_per_rank=2, top_k=2,
-                        capacity_factors=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sweep_tokens=65536, seq_len=32,
+                        capacity_factors=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sweep_tokens=49152, seq_len=32,
                         steps=600, batch=64, lr=1e-3),
     },
     "tensor_sequence_parallel": {  # check_*: the equality checks; mem_*: activation memory; rest: training

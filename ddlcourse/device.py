@@ -23,20 +23,25 @@ import torch
 import torch.distributed as tdist
 
 from ddlcourse import dist
+from ddlcourse.cluster import placement
 
 
 def rank_device(device=None) -> torch.device:
     """``device`` when given; else this rank's device, ``dist.init().device``.
 
-    Off the ranks (a notebook's own kernel, where nothing has initialised ``torch.distributed``) it is the
-    device ``dist.pick_device`` gives local rank 0, without starting ``torch.distributed``.
+    On an MPI rank that has not started ``torch.distributed`` (a parameter server's worker, a search's trial
+    on an engine of a load-balanced view) it is the GPU of the rank's own local rank, as ``dist.init`` would
+    pick it, found without a collective call (a trial runs on one engine alone). Off the ranks (a notebook's
+    own kernel) it is local rank 0's device. Neither changes the process's current CUDA device.
     """
     if device is not None:
         return torch.device(device)
 
     if tdist.is_available() and tdist.is_initialized():
         return torch.device(dist.init().device)
-    return torch.device(dist.pick_device(0, set_current=False))   # the kernel's current device stays as it is
+    if placement.on_mpi_rank():
+        return torch.device(placement.pick_device(set_current=False, collective=False))
+    return torch.device(placement.pick_device(0, set_current=False))
 
 
 def synchronize(device) -> None:

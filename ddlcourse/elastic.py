@@ -71,12 +71,31 @@ def save_checkpoint(directory, step: int, model: nn.Module, optimizer) -> Path:
     return atomic_save(state, Path(directory) / checkpoint_name(step))
 
 
-def load_latest(directory, model: nn.Module, optimizer, device=None) -> int:
+def agreed_step(directory, group=None, device=None) -> int:
+    """The step every rank resumes from: rank 0 of ``group`` lists ``directory`` and broadcasts what it found.
+
+    Each rank must not list the folder itself: on an NFS home a node may be shown a listing cached for 30-60 s,
+    without the newest checkpoint, and its ranks would resume from an older step than the others; their
+    collectives then no longer match, and the job hangs until NCCL's watchdog ends it. Without
+    ``torch.distributed`` (one process) the listing is this process's own.
+    """
+    d = Path(directory)
+    if not tdist.is_initialized():
+        return resume_step(os.listdir(d)) if d.is_dir() else 0
+    step = torch.zeros(1, dtype=torch.int64, device=rank_device(device))
+    if tdist.get_rank(group) == 0:
+        step[0] = resume_step(os.listdir(d)) if d.is_dir() else 0
+    tdist.broadcast(step, group=group, group_src=0)      # NEW: rank 0's choice, on every rank
+    return int(step.item())
+
+
+def load_latest(directory, model: nn.Module, optimizer, device=None, group=None) -> int:
     """Load the latest complete checkpoint of ``directory`` into ``model``/``optimizer``; its step (0: none).
 
-    A file that cannot be read or does not fit the model raises ``training.CheckpointError``, naming it."""
+    On the ranks of ``group`` every rank loads the one rank 0 chose (:func:`agreed_step`). A file that cannot
+    be read or does not fit the model raises ``training.CheckpointError``, naming it."""
     d = Path(directory)
-    step = resume_step(os.listdir(d)) if d.is_dir() else 0
+    step = agreed_step(d, group, device)
     if step == 0:
         return 0
     state = load_into(d / checkpoint_name(step), model, optimizer, map_location=rank_device(device))
@@ -128,7 +147,7 @@ def train_loop(ckpt_dir, steps: int = 40, every: int = 10, kill_at: int | None =
     tdist.barrier(group=group)
     model = make_model(hidden=hidden).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)   # momentum: optimizer state must be resumed too
-    start = load_latest(d, model, opt, device)          # NEW: 0 on the first attempt
+    start = load_latest(d, model, opt, device, group)   # NEW: 0 on the first attempt; rank 0 picks it for all
     ddp = DDP(model, process_group=group)
     if r == 0:
         _log(d, {"attempt": attempt, "resumed_from": start, "world_size": n, "time": time.time()})

@@ -5,13 +5,16 @@ On every rank (an engine through ``parallel.model_parallel.on_first_ranks``, or 
 
     res = profile_step(dim=32, hidden=128, depth=3, batch=64, steps=3, group=group, trace_dir=run_dir)
     res["phases"]        # seconds per step: forward, backward, optimizer, allreduce (the collective events)
-    res["events"]        # (name, kind, start, stop) of one step, in seconds from the barrier that starts it
+    res["steps"][i]      # (name, kind, start, stop) of step i's events, in seconds from the barrier that starts it
 
 The step opens ``record_function`` ranges named ``forward``, ``backward`` and ``optimizer``; the
 collectives appear by themselves (``gloo:all_reduce`` on CPU ranks, ``nccl:all_reduce`` on GPUs), and the
-backward's compute as ``autograd::engine::evaluate_function: ...`` events. From those intervals:
+backward's compute as ``autograd::engine::evaluate_function: ...`` events. Each step lies between the end of
+the barrier that starts it and a mark taken once its device work is done, so the next step's barrier (and the
+ranks' waiting in it) is in no step. From those intervals:
 
 * :func:`exposed_comm` -- communication time not hidden behind compute (interval arithmetic);
+* :func:`collective_calls` -- how many collectives a step called (also where NCCL had nothing to do);
 * :func:`find_straggler` -- the rank that waits least in the allreduce is the one the others wait for;
 * :func:`plot_step` -- the step of every rank with the course's timeline plot (``plots_timeline``).
 
@@ -47,8 +50,10 @@ from ddlcourse.models.small import MLP
 PHASES = ("forward", "backward", "optimizer")            # the ranges the step opens
 STEP_SIZES = (("dim", 32), ("hidden", 128), ("depth", 3), ("batch", 64), ("steps", 3))   # the CLI's defaults
 SYNC = "sync"                                           # the barrier that starts every profiled step
+END = "step end"                                        # a mark once the step's device work is done: its end
 COMM_NAMES = ("gloo:all_reduce", "nccl:all_reduce")      # the collective's own events (CPU and GPU)
 COMPUTE_PREFIX = "autograd::engine::evaluate_function:"  # one backward node's work
+LAUNCH = "launch"                                       # on a GPU, the host-side call that launches a collective
 N_CLASSES = 10
 
 
@@ -82,16 +87,16 @@ def train_step(model: nn.Module, opt, x, t, delay_s: float = 0.0) -> torch.Tenso
 def _kind(name: str, on_device: bool = False) -> str | None:
     """The kind of a profiler event, or None to leave it out.
 
-    Host-side events (``on_device=False``) give the phases, the ``sync`` barrier and, on CPU ranks, the
-    collectives and the backward's compute. On a GPU those host-side events only time the *launch* of the
-    work; what ran when is in the device-side kernels (``on_device=True``): NCCL's kernels are the allreduce,
-    every other kernel is compute. The profiler also copies each ``record_function`` range onto the device
-    timeline; those copies are left out (counted twice, they doubled every step and phase)."""
+    Host-side events (``on_device=False``) give the phases, the ``sync`` barrier, the ``step end`` mark and,
+    on CPU ranks, the collectives and the backward's compute. On a GPU those host-side events only time the
+    *launch* of the work; what ran when is in the device-side kernels (``on_device=True``): NCCL's kernels are
+    the allreduce, every other kernel is compute. The profiler also copies each ``record_function`` range onto
+    the device timeline; those copies are left out (counted twice, they doubled every step and phase)."""
     if on_device:
-        if name in PHASES or name == SYNC or name in COMM_NAMES:
+        if name in PHASES or name in (SYNC, END) or name in COMM_NAMES:
             return None                                  # the GPU-side copy of a host range
         return "allreduce" if "nccl" in name.lower() else "compute"
-    if name in PHASES or name == SYNC:
+    if name in PHASES or name in (SYNC, END):
         return name
     if name in COMM_NAMES:
         return "allreduce"
@@ -105,26 +110,29 @@ def _on_device(event) -> bool:
 
 
 def _step_events(prof_events, n_steps: int, device_timeline: bool = False) -> list[list[tuple]]:
-    """Split the profiler's events into steps: each starts at the end of its ``sync`` barrier (time 0).
+    """Split the profiler's events into steps: each starts at the end of its ``sync`` barrier (time 0) and ends
+    at its ``step end`` mark, taken after the step's device work (a synchronize). What starts after the mark (the
+    next step's barrier, on a GPU NCCL's kernel that waits for the last rank to arrive) belongs to no step.
 
     ``device_timeline`` (a GPU run): allreduce and compute come from the device-side kernels, the phases and
-    the barrier from the host; on CPU ranks everything is host-side."""
+    the barrier from the host; the host-side collective is kept as a ``launch`` (it only starts the kernels;
+    :func:`collective_calls` counts it). On CPU ranks everything is host-side."""
     evs = []
     for e in prof_events:
         on_device = _on_device(e)
         kind = _kind(e.name, on_device)
-        if kind is not None and kind in ("allreduce", "compute") and on_device != device_timeline:
-            kind = None                                  # on a GPU the host-side collective is only its launch
+        if kind in ("allreduce", "compute") and on_device != device_timeline:
+            # on a GPU the host-side event only launches the work: a collective's launch is kept, as such
+            kind = LAUNCH if kind == "allreduce" and not on_device else None
         if kind is not None:
             evs.append((e.name, kind, e.time_range.start * 1e-6, e.time_range.end * 1e-6))   # us -> s
-    syncs = sorted(stop for _, k, _, stop in evs if k == SYNC)
-    if len(syncs) != n_steps:
-        raise RuntimeError(f"expected {n_steps} profiled steps, found {len(syncs)} '{SYNC}' ranges")
-    steps = []
-    for i, t0 in enumerate(syncs):
-        t1 = syncs[i + 1] if i + 1 < len(syncs) else float("inf")
-        steps.append(sorted((n, k, a - t0, b - t0) for n, k, a, b in evs if k != SYNC and t0 <= a < t1))
-    return steps
+    starts = sorted(stop for _, k, _, stop in evs if k == SYNC)
+    ends = sorted(start for _, k, start, _ in evs if k == END)
+    if len(starts) != n_steps or len(ends) != n_steps:
+        raise RuntimeError(f"expected {n_steps} profiled steps, found {len(starts)} '{SYNC}' ranges and "
+                           f"{len(ends)} '{END}' marks")
+    return [sorted((n, k, a - t0, b - t0) for n, k, a, b in evs if k not in (SYNC, END) and t0 <= a < t1)
+            for t0, t1 in zip(starts, ends)]
 
 
 def phase_times(events) -> dict:
@@ -169,6 +177,8 @@ def profile_step(dim: int, hidden: int, depth: int, batch: int, steps: int = 3, 
                 tdist.barrier(group=group)           # every rank starts the step together: a common time 0
             train_step(model, opt, x, t, delay_s=delay)
             synchronize(device)                      # the step's GPU work belongs to this step
+            with record_function(END):
+                pass                                 # the step ends here, before the next step's barrier
     # the first recorded step carries the profiler's own start-up cost (and DDP's first-step set-up): dropped
     per_step = _step_events(prof.events(), steps + 1, device_timeline=device.type == "cuda")[1:]
     trace = None
@@ -185,6 +195,13 @@ def profile_step(dim: int, hidden: int, depth: int, batch: int, steps: int = 3, 
 def intervals(events, kind: str) -> list[tuple[float, float]]:
     """``(start, stop)`` of the events of one kind (``"allreduce"``, ``"compute"``, ``"backward"`` ...)."""
     return [(a, b) for _, k, a, b in events if k == kind]
+
+
+def collective_calls(events) -> int:
+    """How many collectives one step's events show the rank calling: the host-side ``gloo:all_reduce`` or
+    ``nccl:all_reduce`` events. On a GPU they count the calls even where NCCL launches no kernel (an in-place
+    sum on a communicator of one rank has nothing to do), so the allreduce *time* can be zero there."""
+    return sum(1 for name, *_ in events if name in COMM_NAMES)
 
 
 # =========================================================================== interval arithmetic
@@ -307,11 +324,12 @@ def run_horovod_timeline(path, n: int = 2, dim: int = 32, hidden: int = 128, dep
     """Start ``python -m ddlcourse profile horovod-timeline path`` on ``n`` ranks and wait for it.
 
     Launched as the course's clusters are (:func:`ddlcourse.cluster.launch.launch_command`): ``srun --overlap`` inside
-    a Slurm allocation, beside the engines' step; else the venv's or site's ``mpiexec`` with its own flags
-    (MPICH and Open MPI differ). Call it from the notebook's kernel (not from an engine: an MPI process does
-    not start another MPI job cleanly). Run by :func:`ddlcourse.cluster.launch.run_job`: a start-up broken in Slurm's
-    PMI is started again, and a job still running after ``timeout`` s is ended. Raises with the job's output
-    when it fails.
+    a Slurm allocation; else the venv's or site's ``mpiexec`` with its own flags (MPICH and Open MPI differ).
+    Call it from the notebook's kernel (not from an engine: an MPI process does not start another MPI job
+    cleanly), while no engines run: before Slurm 22.05 ``--overlap`` shares a running step's CPUs but not its
+    GPUs, so beside the engines' step this job would wait for their GPUs until ``timeout``. Run by
+    :func:`ddlcourse.cluster.launch.run_job`: a start-up broken in Slurm's PMI is started again, and a job still
+    running after ``timeout`` s is ended. Raises with the job's output when it fails.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -427,17 +445,22 @@ def main(argv=None) -> int:
 
 
 def step_job(dim: int, hidden: int, depth: int, batch: int, steps: int) -> int:
-    """One rank: :func:`profile_step`, then one line of what it read. Exit 1 when a phase is missing."""
+    """One rank: :func:`profile_step`, then one line of what it read. Exit 1 when a phase or a step's
+    collective call is missing."""
     info = dist.init()
     try:
         res = profile_step(dim, hidden, depth, batch, steps=steps, device=info.device)
     finally:
         dist.shutdown()
     ph = res["phases"]
-    # one rank has nothing to reduce: NCCL then launches no kernel at all for DDP's in-place allreduce
+    calls = [collective_calls(s) for s in res["steps"]]
+    # one rank has nothing to reduce: NCCL then launches no kernel at all for DDP's in-place allreduce (its call
+    # is still seen)
     needed = (*PHASES, "allreduce") if res["world_size"] > 1 else PHASES
-    missing = [k for k in needed if not ph[k] > 0]
+    missing = [f"no time in {k}" for k in needed if not ph[k] > 0] + (["a step without a collective call"]
+                                                                     if min(calls) == 0 else [])
     print(f"profile: rank {res['rank']} of {res['world_size']} on {info.device}: {len(res['steps'])} steps; "
           + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in ph.items()) + f"; exposed {1e3 * res['exposed']:.3f} ms"
-          + (f"; PROBLEM: no time in {', '.join(missing)}" if missing else ""), flush=True)
+          + f"; collective calls per step {calls}" + (f"; PROBLEM: {', '.join(missing)}" if missing else ""),
+          flush=True)
     return 1 if missing or len(res["steps"]) != steps else 0

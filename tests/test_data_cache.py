@@ -51,3 +51,27 @@ def test_corrupt_chunk_is_regenerated_and_others_kept(tmp_path):
 def test_missing_settings():
     with pytest.raises(cache.DataError, match="lack 'seed'"):
         cache.load_or_make("t", "v1", {"n_items": 1, "chunk_size": 1}, make)
+
+
+def test_a_full_disk_or_quota_names_the_cache_and_the_variable_and_leaves_no_partial_chunk(tmp_path, monkeypatch):
+    """On a cluster the default cache sits in $HOME, whose quota the labs' data outgrow ("Disk quota exceeded"):
+    the error says which folder filled up and how to move it, and no half-written chunk is left holding space."""
+    import errno
+
+    def quota_exceeded(file, **arrays):
+        with open(file, "wb") as f:
+            f.write(b"part of a chunk")
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(np, "savez", quota_exceeded)
+    with pytest.raises(OSError, match="Disk quota exceeded while writing the data cache .*DDLCOURSE_DATA_DIR") as e:
+        cache.load_or_make("t", "v1", SET, make, root=tmp_path)
+    assert e.value.errno == errno.EDQUOT and str(tmp_path) in str(e.value)
+    folder = next(tmp_path.glob("t-*"))
+    assert sorted(p.name for p in folder.iterdir()) == ["settings.json"]
+
+
+def test_the_cache_follows_ddlcourse_data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDLCOURSE_DATA_DIR", str(tmp_path / "scratch"))
+    cache.load_or_make("t", "v1", SET, make)
+    assert cache.cache_root() == tmp_path / "scratch" and len(list((tmp_path / "scratch").glob("t-*/chunk-*.npz"))) == 3

@@ -17,19 +17,26 @@ A CPU-only CI never sees that, so this file makes the mistake visible in two way
 
    Exceptions are listed in :data:`HOST_ON_PURPOSE`, each with its reason.
 2. **At run time**: the builders put their models and data on a device that is not the CPU (``meta``), both
-   when it is passed and when it comes from the rank (``dist.init``/``dist.pick_device`` patched).
+   when it is passed and when it comes from the rank (``dist.init``/``placement.pick_device`` patched).
+3. **An MPI rank without torch.distributed** (a parameter server's worker, a search's trial on an engine) takes
+   the GPU of its own local rank (CUDA faked to show 4 GPUs), found without a collective call.
+4. **A lesson about CPU transports** (notebook 07's comparison of DDP hooks) stays on CPU tensors when the rank's
+   device is not the CPU.
 """
 from __future__ import annotations
 
 import ast
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import top_level_functions
+from ddlcourse.cluster import placement
+
+from helpers import module_command, run_ranks, top_level_functions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -420,6 +427,69 @@ def test_builders_default_to_the_ranks_device(monkeypatch):
 
     info = dist.DistInfo(rank=0, world_size=1, local_rank=0, device=META, backend="gloo", host="x", horovod=False)
     monkeypatch.setattr(dist, "init", lambda *a, **k: dataclasses.replace(info))
-    monkeypatch.setattr(dist, "pick_device", lambda *a, **k: META)
+    monkeypatch.setattr(placement, "pick_device", lambda *a, **k: META)
     for name, built in _builders(None).items():
         assert _devices(built) == {META}, (name, _devices(built))
+
+
+# --------------------------------------------------------------------------- an MPI rank without torch.distributed
+@pytest.mark.mpi
+def test_a_rank_without_torch_distributed_takes_its_local_ranks_gpu():
+    """A parameter server's worker (notebook 09) or a search's trial (notebook 28) never starts torch.distributed:
+    its device is still the GPU of its local rank, not local rank 0's (CUDA faked to show 4 GPUs). Under the
+    venv's mpiexec the launcher names the local rank; in an srun step of 2 nodes of 2 tasks, SLURM_LOCALID does."""
+    from ddlcourse.cluster import find_mpiexec
+
+    out = run_ranks(4, "device_without_init").stdout.splitlines()
+    assert out == ["cuda:0 cuda:1 cuda:2 cuda:3", "current device changed: False"], out
+    cmd = [find_mpiexec(), "-bind-to", "none"]
+    for r in range(4):                  # MPMD: each rank the Slurm variables of task r, 2 tasks per node
+        cmd += [":"] if r else []
+        cmd += ["-n", "1", "-env", "SLURM_PROCID", str(r), "-env", "SLURM_LOCALID", str(r % 2),
+                "-env", "SLURM_STEP_NUM_TASKS", "4", *module_command("device_without_init")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines()[0] == "cuda:0 cuda:1 cuda:0 cuda:1", p.stdout
+
+
+class _World:
+    """An MPI world of 4 seen from rank 2, for placement's questions (no MPI here)."""
+
+    def Get_rank(self):
+        return 2
+
+    def Get_size(self):
+        return 4
+
+
+def test_a_local_rank_nobody_named_is_refused_rather_than_asked_collectively(monkeypatch):
+    """A trial runs on one engine alone: MPI's per-node split (collective) would wait for ranks that never come.
+    Without a launcher variable and a split computed before, placement says so; one visible GPU needs no local
+    rank, and a split computed before (MPICluster describes every engine when it starts) is used."""
+    import torch
+
+    for var in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID", "DDLCOURSE_SHARE_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(placement, "_comm", _World)
+    monkeypatch.setattr(placement, "_STATE", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(placement.LaunchError, match="not known without a collective call"):
+        placement.pick_device(set_current=False, collective=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert str(placement.pick_device(set_current=False, collective=False)) == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(placement, "_STATE", {"local_rank": 1})
+    assert str(placement.pick_device(set_current=False, collective=False)) == "cuda:1"
+
+
+# --------------------------------------------------------------------------- a lesson about CPU transports
+@pytest.mark.mpi
+def test_the_comm_hook_comparison_stays_on_cpu_tensors_on_a_gpu_rank():
+    """Notebook 07 compares gloo and MPI as DDP's transports: on a GPU rank CUDA tensors would send every bucket
+    through NCCL, whatever the hook. The rank's device is set to one that is not the CPU (meta); the comparison
+    still trains on CPU tensors, and the MPI hooks carry every bucket."""
+    out = run_ranks(2, "mpi_hook_compare_on_cpu").stdout
+    assert "like serial: True" in out, out
+    assert "MPI hooks' buckets through MPI: {'mpi': True, 'mpi-overlap': True}" in out, out

@@ -145,3 +145,13 @@ def test_torchrun_starts_at_most_one_worker_per_gpu_of_this_node(monkeypatch, ca
     assert elastic.workers_here(2) == 2
     with pytest.raises(ValueError, match="at least 1"):
         elastic.workers_here(0)
+
+
+def test_every_rank_resumes_from_the_step_rank_0_chose(tmp_path):
+    """On an NFS home a node may see a listing of the checkpoint folder cached for 30-60 s: rank 1 here is shown
+    the folder without its newest checkpoint, and still resumes where rank 0 does, with rank 0's state."""
+    import json
+    out = json.loads(run_ranks(2, "elastic_resume_older_listing", tmp_path).stdout.strip().splitlines()[-1])
+    assert out["own"] == [8, 4], out                       # rank 1's own listing really is older
+    assert out["loaded"] == [8, 8] and out["same_state"] == [True, True], out
+    assert out["resumed"] == [8, 8], out                   # and train_loop's next attempt resumes there too

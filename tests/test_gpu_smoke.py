@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -313,3 +314,66 @@ def test_a_pass_whose_log_has_a_launch_error_fails_and_a_cluster_error_warns(tmp
         assert p.returncode == rc, p.stdout + p.stderr
         assert lines[0].startswith("PASS") and lines[-1].startswith(status) and say in lines[-1], p.stdout
     assert "1 WARN" in p.stdout
+
+
+# ------------------------------------------------------------------------------------------ nbval_cluster's time limit
+def _bash_function(name: str) -> str:
+    """The text of gpu_smoke.sh's function ``name``: from ``name() {`` to the first ``}`` that starts a line."""
+    lines = SMOKE.read_text().splitlines()
+    start = lines.index(f"{name}() {{")
+    return "\n".join(lines[start:lines.index("}", start) + 1])
+
+
+def _call(name: str, root: Path, *notebooks: str) -> subprocess.CompletedProcess:
+    """gpu_smoke.sh's function ``name`` alone, with the script's variables it reads (run from ``root``)."""
+    variables = dict(PY=sys.executable, ROOT=str(root), SUMMARY=str(root / "now.txt"))
+    script = "".join(f"{k}={shlex.quote(v)}\n" for k, v in variables.items()) + \
+        f"NOTEBOOKS=({' '.join(map(shlex.quote, notebooks))})\n{_bash_function(name)}\n{name}\n"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=root,
+                          env=_env(PYTHONPATH=str(ROOT)), timeout=120)
+
+
+def _notebook(path: Path, header: str, *code: str) -> None:
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(header), *map(nbformat.v4.new_code_cell, code)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def test_the_cluster_pass_limits_follow_the_model(tmp_path):
+    """1.5 x (a notebook's laptop time from its header, 3x for a lab, 5 minutes without a figure; + 60 s a cluster)."""
+    _notebook(tmp_path / "notebooks" / "a.ipynb", "**Part 1** · about 2 minutes at laptop scale (on 2 CPU cores)",
+              "c = cluster.start(n=2)", "c.stop()")
+    _notebook(tmp_path / "notebooks" / "b.ipynb", "# no time given")
+    _notebook(tmp_path / "labs" / "c.ipynb", "**Lab 1 of 4** · about 5 minutes at laptop scale")
+    p = _call("cluster_limits", tmp_path, "notebooks", "labs")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(round(1.5 * (120 + 60 + 300 + 3 * 300))), str(round(1.5 * 3 * 300))]
+
+
+def test_the_cluster_pass_limit_is_measured_once_a_pass_was(tmp_path):
+    """The longest nbval_cluster PASS of earlier summaries, but not one the log check turned into a FAIL."""
+    assert _call("measured_cluster_pass", tmp_path).stdout == ""
+    runs = {"a": ["PASS nbval_cluster          notebooks labs at cluster scale: 37 passed; limit 9 s [1234.5 s]"],
+            "b": ["PASS nbval_cluster          notebooks labs at cluster scale: 37 passed [5000.0 s]",
+                  "FAIL nbval_cluster          was PASS, but its log has: timed out"],
+            "c": ["SKIP nbval_cluster          the notebooks start up to 8 engines", "PASS check    4 ranks [99.0 s]"]}
+    for run, lines in runs.items():
+        (tmp_path / "results" / "gpu_smoke" / run).mkdir(parents=True)
+        (tmp_path / "results" / "gpu_smoke" / run / "summary.txt").write_text("\n".join(lines) + "\n")
+    assert _call("measured_cluster_pass", tmp_path).stdout.strip() == "1234"
+
+
+def test_the_modelled_cluster_pass_fits_the_allocation_with_the_other_checks():
+    """The course's own notebooks: nbval_cluster's limit, and nbval's at smoke scale (4 x 900 s), fit #SBATCH --time."""
+    p = _call("cluster_limits", ROOT, "notebooks", "labs")
+    assert p.returncode == 0, p.stderr
+    pass_s, cell_s = map(int, p.stdout.split())
+    h, m, s = map(int, re.search(r"^#SBATCH --time=(\d+):(\d+):(\d+)$", SMOKE.read_text(), re.M).groups())
+    assert 0 < cell_s < pass_s and pass_s + 4 * 900 < 3600 * h + 60 * m + s, (pass_s, cell_s)
+    text = SMOKE.read_text()
+    assert 'run_logged nbval_cluster "$pass_s"' in text and '--nbval-cell-timeout "$cell_s"' in text
+    doc = (ROOT / "env" / "GPU_CLUSTER.md").read_text()     # the figures env/GPU_CLUSTER.md quotes are these
+    for figure in (f"gives {round(pass_s / 1.5)} s", f"the limit is {pass_s} s", f"({cell_s} s,", f"{pass_s} s before"):
+        assert figure in doc, figure

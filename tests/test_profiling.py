@@ -134,7 +134,9 @@ def test_profile_step_on_two_ranks(tmp_path):
 def test_gpu_steps_count_each_range_once_and_time_the_kernels():
     """On a GPU the profiler copies every record_function range onto the device timeline, and the host-side
     nccl:all_reduce only times the launch: steps are split on the host's ranges, the allreduce and compute are
-    the device's kernels."""
+    the device's kernels, and the launch still counts as the step's collective call. A step ends at its mark,
+    so the next step's barrier (NCCL's allreduce of one number, a kernel that waits for the last rank) is in no
+    step."""
     from types import SimpleNamespace as NS
 
     import numpy as np
@@ -152,12 +154,28 @@ def test_gpu_steps_count_each_range_once_and_time_the_kernels():
                    ev("backward", o + 100, o + 300), ev("backward", o + 101, o + 420, cuda),
                    ev("nccl:all_reduce", o + 200, o + 205),                      # the launch only
                    ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", o + 250, o + 400, cuda),
-                   ev("sm80_xmma_gemm", o + 120, o + 280, cuda)]
+                   ev("sm80_xmma_gemm", o + 120, o + 280, cuda),
+                   ev("step end", o + 430, o + 430)]                              # after the synchronize
+    events.append(ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1001, 1009, cuda))   # step 1's barrier
     steps = P._step_events(events, 2, device_timeline=True)
     assert len(steps) == 2
     first = steps[0]
     assert [k for _, k, _, _ in first].count("forward") == 1 and [k for _, k, _, _ in first].count("backward") == 1
     assert np.allclose(P.intervals(first, "allreduce"), [(0.00024, 0.00039)])
     assert np.allclose(P.intervals(first, "compute"), [(0.00011, 0.00027)])
+    for step in steps:                      # DDP's allreduce, and not the next step's barrier
+        assert np.allclose(P.intervals(step, "allreduce"), [(0.00024, 0.00039)]), step
+    assert [P.collective_calls(s) for s in steps] == [1, 1]
     host = P._step_events(events, 2)          # a CPU run would take the host-side collective
     assert np.allclose(P.intervals(host[0], "allreduce"), [(0.00019, 0.000195)])
+    with pytest.raises(RuntimeError, match="1 'step end' marks"):
+        P._step_events([e for e in events if not (e.name == "step end" and e.time_range.start > 1000)], 2)
+
+
+def test_a_step_ends_before_the_next_steps_barrier(tmp_path):
+    """On CPU ranks, the barrier made NCCL's (an allreduce of one number, whose wait for the last rank is then
+    allreduce time): each profiled step holds DDP's one allreduce call and no barrier's, although the profiler
+    recorded all of them (a step used to run up to the end of the next barrier)."""
+    out = run_ranks(2, "profiling_step_window", env={"TRACE_DIR": str(tmp_path)}).stdout
+    assert "barriers 4" in out and "allreduce events in the trace 8" in out, out   # 4 barriers + DDP's 4 steps
+    assert "calls per step [1, 1, 1]" in out, out

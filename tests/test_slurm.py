@@ -77,6 +77,22 @@ def test_every_template_takes_the_pmi_plugin_from_one_variable():
         assert "DDLCOURSE_SRUN_MPI:-pmi2" not in text, name
 
 
+@pytest.mark.parametrize("name", ["lab.sbatch", "jupyter.sbatch"])
+def test_templates_put_the_data_cache_on_scratch(name):
+    """The labs' data sets take tens of GB at cluster scale, more than a home quota: the templates point
+    DDLCOURSE_DATA_DIR at $SCRATCH, keep one the user set, and warn when neither is there."""
+    args = ["check"] if name == "lab.sbatch" else []
+    base = dict(DDLCOURSE_DRY_RUN="1", DDLCOURSE_JUPYTER_PORT="8999", JUPYTER_TOKEN="abc", USER="alice")
+    for given, expect in ((dict(SCRATCH="/scratch/alice"), "data cache: /scratch/alice/ddlcourse/data"),
+                          (dict(SCRATCH="/scratch/alice", DDLCOURSE_DATA_DIR="/work/alice/ddl"), "data cache: /work/alice/ddl"),
+                          ({}, "WARNING: neither DDLCOURSE_DATA_DIR nor SCRATCH is set")):
+        env = _clean_env(**base)
+        env.pop("SCRATCH", None)
+        env.pop("DDLCOURSE_DATA_DIR", None)
+        p = _bash(str(SLURM_DIR / name), *args, env=dict(env, **given))
+        assert p.returncode == 0 and f"[{name}] {expect}" in p.stderr, (given, p.stderr)
+
+
 def test_lab_template_falls_back_to_pmi2_and_says_so():
     env = _clean_env(DDLCOURSE_DRY_RUN="1", DDLCOURSE_PYTHON="false")   # a Python that cannot answer
     env.pop("DDLCOURSE_SRUN_MPI", None)

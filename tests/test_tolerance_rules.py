@@ -7,15 +7,24 @@ compares training runs *tightly over the first steps* (a slice ``[:k]`` with a s
 over the rest* (:func:`ddlcourse.integrity.trajectories_agree` does both), never with one fixed tolerance over
 the whole run.
 
+The same holds for the parameters at the end of a run (issue 45): after 200 steps at lr 0.2 on 8 ranks, the final
+parameters of serial and 8-way float32 runs differ by 7e-3 (SGD with momentum) or 2.6e-2 (Adam), though the SGD
+runs agreed to 2e-7 for the first hundred steps. Compare the parameters after the first steps tightly instead
+(``experiments.data_parallel.agrees_with_serial``).
+
 The rule, over the code of every checked cell (``# NBVAL_CHECK_OUTPUT``) of every notebook and lab:
 
-* A *run* is an expression that names a loss history: a subscript with a string key that contains ``loss``,
-  ``history`` or ``curve`` (``r["losses"]``, ``o["history"]``), or a variable of such a name (``losses``,
-  ``serial_curve``). Sliced to its *first steps* (``[:k]`` with ``k`` a literal of at most
-  :data:`FIRST_STEPS`, or a name that says so: ``exact``, ``first``, ``tight``) it is no longer the whole run.
+* A *run* is an expression that names a loss history or the parameters a run ends with: a subscript with a
+  string key that contains ``loss``, ``history``, ``curve`` or ``param`` (``r["losses"]``, ``o["history"]``,
+  ``o["params"]``), a variable of such a name (``losses``, ``serial_curve``), or a variable only ever assigned
+  a run or a list made from one (``l1 = np.array([h[1] for h in r["history"]])``). Sliced to its *first
+  steps* (``[:k]`` with ``k`` a literal of at most :data:`FIRST_STEPS`, or a name that says so: ``exact``,
+  ``first``, ``tight``) it is no longer the whole run, nor is a key or a variable whose name says so
+  (``o["params_first"]``), nor one step of it (``losses[-1]``).
 * A *whole-run comparison* is a call of an element-wise comparison (:data:`ELEMENTWISE`: ``np.allclose``,
   ``integrity.max_difference``, ``dcp.continues_exactly``, ...) or a ``zip(...)`` (``max(abs(a - b) for a, b
-  in zip(...))``) with two or more runs among its arguments.
+  in zip(...))``) with two or more runs among its arguments, or the difference ``a - b`` of two runs
+  (``np.abs(o["params"] - ref["params"]).max()``).
 * A checked cell fails the rule when one of its expressions holds a whole-run comparison, either directly or
   through a variable it uses that an earlier cell (or the cell itself) assigned from one (followed through a
   few assignments).
@@ -34,7 +43,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
 MARK = "# NBVAL_CHECK_OUTPUT"
-RUN_WORDS = re.compile(r"loss|history|curve", re.I)
+RUN_WORDS = re.compile(r"loss|history|curve|param", re.I)
 FIRST_WORDS = re.compile(r"exact|first|tight", re.I)
 FIRST_STEPS = 20
 ELEMENTWISE = {"allclose", "isclose", "assert_allclose", "max_difference", "max_rel_diff", "losses_agree",
@@ -74,25 +83,35 @@ def _first_steps(sl: ast.Slice, small_names: frozenset = frozenset()) -> bool:
     return bool(FIRST_WORDS.search(ast.unparse(up)))
 
 
-def _is_run(node: ast.expr, small_names: frozenset = frozenset()) -> bool:
-    """Does ``node`` name a whole loss history (not a slice of its first steps)?"""
+def _run_word(name: str) -> bool:
+    """A name of a whole run: it says loss, history, curve or param, and not first (``params_first``)."""
+    return bool(RUN_WORDS.search(name)) and not FIRST_WORDS.search(name)
+
+
+def _is_run(node: ast.expr, small_names: frozenset = frozenset(), run_names: frozenset = frozenset()) -> bool:
+    """Does ``node`` name a whole loss history or a run's final parameters (not a slice of its first steps)?"""
     if isinstance(node, ast.Subscript):
         if isinstance(node.slice, ast.Slice):
-            return not _first_steps(node.slice, small_names) and _is_run(node.value, small_names)
+            return not _first_steps(node.slice, small_names) and _is_run(node.value, small_names, run_names)
         key = node.slice
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
-            return bool(RUN_WORDS.search(key.value))
-        return _is_run(node.value, small_names)
+            return _run_word(key.value)
+        if isinstance(key, (ast.Constant, ast.UnaryOp)) and _is_run(node.value, small_names, run_names):
+            return False                                   # one step of a run (losses[-1]), not the run
+        return _is_run(node.value, small_names, run_names)
     if isinstance(node, ast.Name):
-        return bool(RUN_WORDS.search(node.id))
+        return _run_word(node.id) or node.id in run_names
     if isinstance(node, ast.Attribute):
-        return bool(RUN_WORDS.search(node.attr))
+        return _run_word(node.attr)
     if isinstance(node, ast.Call) and _call_name(node) in {"asarray", "array", "tensor", "list"} and node.args:
-        return _is_run(node.args[0], small_names)
+        return _is_run(node.args[0], small_names, run_names)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)):        # one value per step of a run
+        return any(_is_run(g.iter, small_names, run_names) for g in node.generators)
     return False
 
 
-def whole_run_comparisons(tree: ast.AST, small_names: frozenset = frozenset()) -> list[str]:
+def whole_run_comparisons(tree: ast.AST, small_names: frozenset = frozenset(),
+                          run_names: frozenset = frozenset()) -> list[str]:
     """The whole-run comparisons written directly in ``tree`` (their source text)."""
     found = []
     for node in ast.walk(tree):
@@ -101,14 +120,26 @@ def whole_run_comparisons(tree: ast.AST, small_names: frozenset = frozenset()) -
             if name in ALLOWED:
                 continue
             if name == "zip" or name in ELEMENTWISE:
-                if sum(_is_run(a, small_names) for a in node.args) >= 2:
+                if sum(_is_run(a, small_names, run_names) for a in node.args) >= 2:
                     found.append(ast.unparse(node))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+            if _is_run(node.left, small_names, run_names) and _is_run(node.right, small_names, run_names):
+                found.append(ast.unparse(node))
     return found
 
 
 def _allowed_subtrees(tree: ast.AST) -> set[int]:
     return {id(n) for call in ast.walk(tree) if isinstance(call, ast.Call) and _call_name(call) in ALLOWED
             for n in ast.walk(call)}
+
+
+def _target_names(t: ast.expr) -> list[str]:
+    """The variables an assignment to ``t`` changes: ``a``, ``a, b``, and ``a`` of ``a[k] = ...``, not ``k``."""
+    if isinstance(t, (ast.Tuple, ast.List)):
+        return [n for e in t.elts for n in _target_names(e)]
+    while isinstance(t, (ast.Subscript, ast.Attribute, ast.Starred)):
+        t = t.value
+    return [t.id] if isinstance(t, ast.Name) else []
 
 
 def notebook_violations(cells: list[str]) -> list[str]:
@@ -120,14 +151,15 @@ def notebook_violations(cells: list[str]) -> list[str]:
             targets = (node.targets if isinstance(node, ast.Assign) else
                        [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value else [])
             for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        assigned.setdefault(n.id, []).append((i, node.value))
+                for name in _target_names(t):
+                    assigned.setdefault(name, []).append((i, node.value))
     # names only ever assigned a small number of steps (k = min(10, S.steps)): [:k] is the first steps
     small = frozenset(k for k, vals in assigned.items() if all(_small(v) for _, v in vals))
+    # names only ever assigned a run (l1 = np.array([h[1] for h in r["history"]])) are runs too
+    runs = frozenset(k for k, vals in assigned.items() if all(_is_run(v, small) for _, v in vals))
 
     def through(node: ast.AST, upto: int, depth: int, seen: set) -> list[str]:
-        hits = whole_run_comparisons(node, small)
+        hits = whole_run_comparisons(node, small, runs)
         if depth == 0:
             return hits
         skip = _allowed_subtrees(node)
@@ -149,8 +181,14 @@ def _code_cells(path: Path) -> list[str]:
     return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
 
 
-# Known to break the rule, left to their own issues (remove a line once its notebook is fixed: strict xfail).
-KNOWN: dict[str, str] = {}
+# Exceptions, each with its reason: a whole-run comparison in float64 whose claim a test proves at the cluster
+# profile's ranks, steps and learning rates. The rule cannot tell float64 from float32; a strict xfail fails once
+# the rule passes the notebook, so the line is removed then.
+KNOWN: dict[str, str] = {
+    "09_parameter_server.ipynb": "float64 final parameters within 1e-12 (staleness 0 against serial, local SGD with "
+                                 "H = 1 against data parallelism): they hold at cluster scale "
+                                 "(test_cluster_scale_claims), but the rule cannot tell float64 from float32",
+}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN[p.name], strict=True))
@@ -170,6 +208,12 @@ def test_checked_training_comparisons_are_tight_only_over_the_first_steps(path):
     ['losses = run()["losses"]', 'ref_losses = ref()["losses"]', 'd = integrity.max_difference(losses, ref_losses)',
      'ok = d < 1e-5', f'{MARK}\nprint("same:", ok)'],
     ['gap = max(abs(a - b) for a, b in zip(x["losses"][5:], y["losses"][5:]))', f'{MARK}\nprint(gap < 1e-4)'],
+    # notebook 05 before issue 45: the final parameters after the whole run, against serial's, within 1e-5
+    ['worst = {}', 'out = run()', 'worst[k] = max(float(np.abs(o["params"] - ref["params"]).max()) for o in out)',
+     f'{MARK}\nprint("end at the serial parameters:", all(v < 1e-5 for v in worst.values()))'],
+    # lab 3 before issue 45: whole loss curves, through variables whose names do not say so
+    ['l1 = np.array([h[1] for h in runs[1]["history"]])', 'l2 = np.array([h[1] for h in runs[2]["history"]])',
+     f'{MARK}\nprint(bool(np.allclose(l1, l2, rtol=1e-5, atol=1e-6)))'],
 ])
 def test_the_rule_catches_whole_run_tolerances(cells):
     assert notebook_violations(cells)
@@ -181,6 +225,7 @@ def test_the_rule_catches_whole_run_tolerances(cells):
     [f'{MARK}\nprint(np.allclose(s["losses"][:10], r["losses"][:10], atol=1e-5))'],
     ['gap = max(abs(a - b) for a, b in zip(serial["losses"], run["losses"]))', 'print(gap)'],   # not checked
     [f'{MARK}\nprint(all(max(d["loss_diff"], d["grad_diff"]) < 1e-5 for d in cmp))'],            # one step
+    [f'{MARK}\nprint(max(float(np.abs(o["params_first"] - ref["params_first"]).max()) for o in out) < 1e-5)'],
 ])
 def test_the_rule_accepts_first_steps_and_statistics(cells):
     assert not notebook_violations(cells)

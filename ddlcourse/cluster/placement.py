@@ -1,16 +1,17 @@
 """Where this process runs: its local rank on the host, its device, and launches that cannot train correctly.
 
 The launcher (``mpiexec``, ``srun``, ipyparallel's engines) decides where each rank runs; this module reads what
-it decided, from MPI and the launcher's own variables, without starting ``torch.distributed``. :func:`local_rank`
-is the rank among the processes of this host, :func:`pick_device` the GPU of that local rank (else the CPU),
-:func:`describe` one line of ``MPICluster.report``. :mod:`ddlcourse.dist` builds a rank's setup on these, and
-refuses, with :class:`LaunchError`, a launch that would train wrongly without a word (:func:`check_launch`,
-:func:`pick_device`, :func:`shared_gpu`).
+it decided, from MPI and the launcher's own variables, without starting ``torch.distributed``. :func:`on_mpi_rank`
+says whether this process is an MPI rank at all, :func:`local_rank` is the rank among the processes of this host,
+:func:`pick_device` the GPU of that local rank (else the CPU), :func:`describe` one line of ``MPICluster.report``.
+:mod:`ddlcourse.dist` builds a rank's setup on these, and refuses, with :class:`LaunchError`, a launch that would
+train wrongly without a word (:func:`check_launch`, :func:`pick_device`, :func:`shared_gpu`).
 """
 from __future__ import annotations
 
 import os
 import socket
+import sys
 
 _STATE: dict = {}
 
@@ -65,19 +66,38 @@ def _local_rank_from_launcher(r: int, n: int) -> tuple[int | None, str]:
     return None, ""
 
 
-def local_rank() -> int:
+def on_mpi_rank() -> bool:
+    """True in a process whose MPI is initialised: an engine, a process under ``mpiexec`` or ``srun``.
+
+    Asked without initialising MPI, so asking does not make a notebook's own kernel (which has not imported
+    mpi4py's ``MPI``) a rank."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def local_rank(collective: bool = True) -> int:
     """Rank among the processes on this host.
 
     From the launcher that actually started the process: Slurm's SLURM_LOCALID only in an ``srun`` step
     whose task id and task count match the MPI rank and size, else the MPI launcher's own variable (Open
     MPI, MPICH/Hydra, PMI, MVAPICH2, Cray PALS) when its rank and size match, else an MPI shared-memory
     split of COMM_WORLD (computed once; collective the first time, which :func:`init` is).
+
+    ``collective=False``: for code that one rank runs alone (a task of a load-balanced view), where a
+    collective call would wait for ranks that never make it. The split is then used only if it was computed
+    before (``MPICluster`` describes every engine when it starts, which computes it); raises
+    :class:`LaunchError` when it was not and the world has more than one process.
     """
     comm = _comm()
     value, _ = _local_rank_from_launcher(comm.Get_rank(), comm.Get_size())
     if value is not None:
         return value
     if "local_rank" not in _STATE:
+        if not collective and comm.Get_size() > 1:
+            raise LaunchError(
+                f"the local rank of rank {comm.Get_rank()} is not known without a collective call: its launcher "
+                "names none (see _LOCAL_RANK_VARS), and MPI's per-node split needs every rank. Call "
+                "ddlcourse.dist.init() (or cluster.placement.local_rank()) on every rank first.")
         from mpi4py import MPI
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _STATE["local_rank"] = node.Get_rank()
@@ -119,11 +139,13 @@ def _gpus_requested() -> str | None:
     return None
 
 
-def pick_device(local: int | None = None, set_current: bool = True):
+def pick_device(local: int | None = None, set_current: bool = True, collective: bool = True):
     """The GPU matching the local rank when CUDA is available, else the CPU.
 
-    ``set_current``: make that GPU the process's current CUDA device (a rank does, once, in :func:`init`); a
-    notebook's own kernel, which only asks which device a rank would use, does not.
+    ``local``: the local rank (None: this process's, :func:`local_rank`, asked with ``collective``; only
+    needed when this process sees several GPUs). ``set_current``: make that GPU the process's current CUDA
+    device (a rank does, once, in :func:`init`); a notebook's own kernel, which only asks which device a rank
+    would use, does not.
 
     Raises :class:`LaunchError` when the job asked for GPUs but CUDA is unusable here (a CPU build of
     torch, a driver too old), rather than training on the CPU without a word; set
@@ -132,19 +154,19 @@ def pick_device(local: int | None = None, set_current: bool = True):
     import torch
 
     if torch.cuda.is_available():
-        local = local_rank() if local is None else local
         count = torch.cuda.device_count()
         if count == 1:
             # One visible GPU: the launcher bound a GPU to this rank (srun --gpus-per-task=1, a site that binds
             # GPUs per task) or the node has one. Either way it is cuda:0; init() checks that no two ranks of a
             # node got the same one (by UUID), which catches the second case.
             idx = 0
-        elif local >= count and os.environ.get("DDLCOURSE_SHARE_GPUS") != "1":
-            raise LaunchError(
-                f"local rank {local} on {socket.gethostname()} has no GPU of its own: this node shows {count} "
-                f"GPU(s) and at least {local + 1} ranks. Start at most {count} ranks per node (e.g. "
-                f"--ntasks-per-node={count}), or set DDLCOURSE_SHARE_GPUS=1 to let ranks share GPUs on purpose.")
         else:
+            local = local_rank(collective) if local is None else local
+            if local >= count and os.environ.get("DDLCOURSE_SHARE_GPUS") != "1":
+                raise LaunchError(
+                    f"local rank {local} on {socket.gethostname()} has no GPU of its own: this node shows {count} "
+                    f"GPU(s) and at least {local + 1} ranks. Start at most {count} ranks per node (e.g. "
+                    f"--ntasks-per-node={count}), or set DDLCOURSE_SHARE_GPUS=1 to let ranks share GPUs on purpose.")
             idx = local % count
         if set_current:
             torch.cuda.set_device(idx)

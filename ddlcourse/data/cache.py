@@ -16,9 +16,15 @@ Usage (inside a generator module)::
 
 where ``make_chunk(chunk_id, n_items, rng) -> dict[str, np.ndarray]`` (arrays stacked on axis 0) and the
 result concatenates this rank's chunks.
+
+Where the cache lives (:func:`cache_root`): ``$DDLCOURSE_DATA_DIR``, else ``~/.cache/ddlcourse/data``. At cluster
+scale the labs' data sets take tens of GB there (``python -m ddlcourse plan --scale cluster``, column ``disk``), more
+than a cluster's home quota: point ``DDLCOURSE_DATA_DIR`` at the scratch file system, one folder every node sees
+(the Slurm templates of ``env/slurm/`` do it). A write that finds the disk or the quota full says so.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,7 +41,7 @@ class DataError(ValueError):
 
 
 def cache_root() -> Path:
-    """``$DDLCOURSE_DATA_DIR`` or ``~/.cache/ddlcourse/data``."""
+    """``$DDLCOURSE_DATA_DIR``, else ``$XDG_CACHE_HOME/ddlcourse/data`` (``~/.cache/ddlcourse/data``)."""
     d = os.environ.get("DDLCOURSE_DATA_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ddlcourse", "data")
     return Path(d)
@@ -71,7 +77,16 @@ def chunk_items(chunk_id: int, n_items: int, chunk_size: int) -> int:
 
 def _atomic_save(path: Path, arrays: dict) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
-    np.savez(tmp, **arrays)
+    try:
+        np.savez(tmp, **arrays)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)             # a half-written chunk would hold on to the space that ran out
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(e.errno, f"{e.strerror} while writing the data cache {path.parent}: set "
+                                   "DDLCOURSE_DATA_DIR to a folder on a file system with room (on a cluster: "
+                                   "scratch, not $HOME); `python -m ddlcourse plan --scale SCALE` prints the disk "
+                                   "each notebook and lab needs") from e
+        raise
     os.replace(tmp, path)
 
 

@@ -2,7 +2,7 @@
 
 ``python -m ddlcourse plan [--scale cluster]`` prints one row per section of :data:`ddlcourse.config.PROFILES`:
 ranks, parameters, the estimated GPU memory of one rank split into weights, gradients, optimizer state,
-activations and the rest, the host memory of one node and the data one rank holds.
+activations and the rest, the host memory of one node, the data one rank holds and the disk its data sets take.
 
 How each number is estimated (the same text is printed under the table):
 
@@ -53,11 +53,35 @@ How each number is estimated (the same text is printed under the table):
   - second copies a notebook makes: notebook 24's ``torch.compile`` comparison keeps the eager DDP model and a
     compiled deep copy (weights, gradients, DDP's gradient buckets, the compiled graph's saved activations);
     notebook 22's traffic measurement at ``sweep_tokens`` tokens per rank (:func:`moe_traffic_bytes`).
+  - the rank lines of the grids a notebook lays out: :mod:`ddlcourse.grid` makes one torch group per line of
+    ranks and keeps it for the life of the cluster (a line met twice is one group), and with the device bound at
+    ``init_process_group`` each group opens its NCCL communicator at once. GPU 0 holds every line through rank 0:
+    the first k ranks of each subgroup, both axes of lab 4's ``dp x mp`` meshes (:data:`DRIVING_MESHES`) and of
+    lab 2's spatial runs (:data:`SEISMIC_SPATIAL_RUNS`).
+  - send/recv pairs: a ``send``/``recv`` outside ``batch_isend_irecv`` gets a communicator of its own per pair of
+    peers, even where the group's communicator exists (torch's ProcessGroupNCCL keys them by the pair;
+    github.com/pytorch/pytorch/issues/152220); batched ones use the group's. Rank 0 sends to rank 1 in notebooks
+    15 and 16 (``parallel.model_parallel``), and to its replica's head rank in each of lab 4's meshes
+    (``parallel.branches``). Notebooks 17, 18 and 21 and lab 2 batch theirs.
+  - kernels left running: JupyterLab keeps a notebook's kernel alive until you shut it down. The kernels of
+    notebooks 10 and 23 train on ``cuda:0`` (:data:`KERNELS_ON_GPU0`), so each one left running holds a CUDA
+    context and its cached tensors on GPU 0 while later notebooks run: counted in every section, the worst case
+    of both left running.
 * **Host memory per node**: (data one rank holds + :data:`PROCESS_OVERHEAD` per process) times the ranks of
   that run on one node (nodes of :data:`GPUS_PER_NODE` GPUs). Sections that run in the notebook's own kernel
   (no cluster) hold their model state and activations on the host as well.
+* **Disk**: the data sets a section's generators write (:func:`data_sets`), from their arrays' shapes and dtypes at
+  the scale plus the headers of the files (``.npz`` per chunk of :mod:`ddlcourse.data.cache`, ``.npy`` per shard of
+  notebook 27), all under the data cache (``$DDLCOURSE_DATA_DIR``, default ``~/.cache/ddlcourse/data``). The
+  labs' data sets stay there between runs; notebook 27's scratch folders are deleted when it ends. Tested against
+  the bytes the generators write at smoke scale.
 * The budgets the tests hold the ``cluster`` profile to: :data:`GPU_BUDGET` per GPU, :data:`HOST_BUDGET`
-  of host memory per rank.
+  of host memory per rank. :data:`GPU_BUDGET` is what the smallest card the course supports gives a process:
+  a 16 GB T4, on which CUDA reports 14.75 GiB with ECC on, its default (``deviceMemorySize: 14.75GiB`` in
+  TensorFlow's log of four T4s, github.com/NVIDIA/DALI/issues/1813; ``nvidia-smi`` shows 15360 MiB,
+  github.com/modal-labs/modal-client/pull/2797). A V100-SXM2-16GB gives more (``nvidia-smi``: 16384 MiB,
+  github.com/huggingface/text-generation-inference/issues/866), and neither gives its process the nominal
+  16 GiB: the CUDA context, counted apart below, comes out of it too.
 
 Sections with no meaningful device memory are listed apart, with the reason (:data:`NO_DEVICE`).
 """
@@ -72,8 +96,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ddlcourse import config, federated, hpsearch as hp, integrity, memory, synthetic_bench as sb
-from ddlcourse.data import maize as maize_data, seismic as seismic_data
+from ddlcourse import config, datapipe, federated, grid, hpsearch as hp, integrity, memory, storage
+from ddlcourse import synthetic_bench as sb
+from ddlcourse.cases import driving as driving_case, maize as maize_case, seismic as seismic_case
+from ddlcourse.cases import topology as topology_case
+from ddlcourse.data import cache, driving as driving_data, maize as maize_data, seismic as seismic_data
+from ddlcourse.data import topology as topology_data
 from ddlcourse.device import synchronize
 from ddlcourse.memory import SavedTensors
 from ddlcourse.models import maize as maize_models, seismic as seismic_models, transformer as tf
@@ -84,7 +112,7 @@ from ddlcourse.models.transformer import expert_capacity
 from ddlcourse.experiments import model_parallel as mp_exp, pipeline_schedules as schedules_exp, sharded as sharded_exp
 
 GiB = 2 ** 30
-GPU_BUDGET = 16 * GiB            # a 16 GB GPU (V100-16GB, T4 class): the smallest the course supports
+GPU_BUDGET = 1475 * GiB // 100   # 14.75 GiB: what CUDA gives a process on a 16 GB T4, the smallest card supported
 HOST_BUDGET = 64 * GiB           # host memory per rank (a node of 8 GPUs with 512 GB)
 GPUS_PER_NODE = 8                # the allocation env/slurm/README.md and env/GPU_CLUSTER.md document
 MiB = 2 ** 20
@@ -453,8 +481,11 @@ def _driving(s):
     for label, k in (("main run", s.n_ranks), ("strong scaling, 1 rank", 1)):
         mb = s.global_batch // k
         data_b = math.ceil(s.n_clips / k) * clip + math.ceil(s.n_val / k) * clip + mb * clip * 2   # + a float32 batch
+        # a rank's share of a step goes through in micro_batches pieces (gradients accumulated): one piece's
+        # activations at a time
         out.append(Workload(label, k, lambda: MultiViewNet(3, s.width, s.feat, s.hidden),
-                            _cls(mb, 3, s.frames, s.size, s.size, n_classes=3), optimizer="adamw", data_bytes=data_b))
+                            _cls(mb // s.micro_batches, 3, s.frames, s.size, s.size, n_classes=3), optimizer="adamw",
+                            data_bytes=data_b))
     return out
 
 
@@ -502,8 +533,9 @@ def _small_mlp(label: str, ranks: int, dim: int, hidden: int, batch: int, optimi
     return [Workload(label, ranks, _mlp(dim, 4, hidden), _cls(batch, dim, n_classes=4), optimizer=optimizer)]
 
 
-def _mixed_precision(s):
-    return _small_mlp("fp32 reference run", s.n_ranks, 16, 64, s.n, optimizer="sgd")
+def _mixed_precision(s):     # amp.make_problem: x (n, 16) and y (n, 1)
+    return [Workload("fp32 reference run", s.n_ranks, _mlp(16, 4, 64), _cls(s.n, 16, n_classes=4), optimizer="sgd",
+                     data_bytes=s.n * (16 + 1) * F32)]
 
 
 def _fault_tolerance(s):
@@ -538,6 +570,111 @@ SECTIONS: dict[str, Callable] = {
     "pipeline_schedules": _pipeline_schedules, "profiling": _profiling,
 }
 
+# the layouts the labs' notebooks run (tests/test_plan_gpu_overheads.py reads them from the notebooks)
+DRIVING_MESHES = (2, 4)                          # lab 4: mp of its "2 x 2 (mesh)" and "1 x 4 (views)", on all ranks
+SEISMIC_SPATIAL_RUNS = ((2, 2), (4, 2), (4, 4))  # lab 2's big-cube runs: (ranks, spatial)
+SEISMIC_BIG_RUN = dict(n_volumes=4, cubes_per_volume=2)   # and their data set (of spatial_cube cubes)
+
+# notebooks whose kernel trains on cuda:0 (rank_device() off the ranks): section -> (notebook, the planned workload
+# it runs there); a kernel left running keeps its context and its cached tensors on GPU 0
+KERNELS_ON_GPU0 = {"federated": (10, "centralized"), "mixed_precision": (23, "fp32 reference run")}
+
+
+# =========================================================================== disk: the data sets a section writes
+U8, I16, I32, F16, F64 = 1, 2, 4, 2, 8
+NPY_HEADER_BYTES = 128                    # np.save: the header of an array's .npy file
+NPZ_ENTRY_BYTES = NPY_HEADER_BYTES + 96   # np.savez, per array: its .npy header and the zip's local (30, and 20 of
+                                          # zip64) and central (46) headers; each holds the name too (added below)
+NPZ_END_BYTES = 22                        # np.savez, per file: the zip's end record
+
+
+@dataclass
+class DataSet:
+    """One data set a section writes under the data cache (``$DDLCOURSE_DATA_DIR``)."""
+    label: str
+    bytes: int                   # estimated from the generator's arrays at the scale, file headers included
+    make: Callable[[], object]   # writes it as the notebook or lab does (the tests run it at smoke scale)
+    kept: bool = True            # False: a scratch folder the notebook deletes when it ends
+
+
+def _cached(label: str, n_items: int, chunk_size: int, item: dict, make: Callable) -> DataSet:
+    """A data set of :mod:`ddlcourse.data.cache`: ``n_items`` items, one ``.npz`` file per chunk of ``chunk_size``
+    holding the arrays of ``item`` (array name -> bytes per item)."""
+    per_file = sum(NPZ_ENTRY_BYTES + 2 * len(f"{name}.npy") for name in item) + NPZ_END_BYTES
+    return DataSet(label, n_items * sum(item.values()) + cache.n_chunks(n_items, chunk_size) * per_file, make)
+
+
+def _maize_disk(s):     # lab 1: the training field and the validation tiles (ddlcourse.data.maize.load)
+    cfg = maize_case.Config.make(s.scale)
+    px, records = cfg.size ** 2, cfg.n_rows * cfg.n_slots + maize_data.MAX_WEEDS
+    item = {"image": px * 3 * U8, "instances": px * I16, "plants": records * len(maize_data.REC_FIELDS) * F32,
+            "chunk": I32}
+    train, val = maize_case.train_settings(cfg), maize_case.val_settings(cfg)
+    return [_cached(f"field, {cfg.n_train} tiles", cfg.n_train, cfg.chunk_size, item, lambda: maize_data.load(train)),
+            _cached(f"validation, {cfg.n_val} tiles", cfg.n_val, cfg.val_chunk_size, item,
+                    lambda: maize_data.load(val))]
+
+
+def _seismic_disk(s):   # lab 2: training cubes, the big cubes of the spatial runs, held-out volumes
+    cfg = seismic_case.Config.make(s.scale)
+
+    def cubes(n_volumes, cube, per_volume):
+        v = math.prod(cube)
+        return _cached(f"{n_volumes} x {per_volume} cubes {tuple(cube)}", n_volumes * per_volume, per_volume,
+                       {"seismic": v * F32, "labels": v * U8, "chunk": I64},
+                       lambda: seismic_data.training_cubes(n_volumes, cfg.volume, cube, per_volume, cfg.seed))
+    big = SEISMIC_BIG_RUN
+    v = math.prod(cfg.volume)
+    return [cubes(cfg.n_volumes, cfg.cube, cfg.cubes_per_volume),
+            cubes(big["n_volumes"], cfg.spatial_cube, big["cubes_per_volume"]),
+            _cached(f"{cfg.n_test} held-out volumes", cfg.n_test, 1, {"seismic": v * F32, "labels": v * U8},
+                    lambda: seismic_data.test_volumes(cfg.n_test, cfg.volume, seed=cfg.seed + 10_000))]
+
+
+def _topology_disk(s):  # lab 3: solved designs on the coarse grid and on the fine one (twice as fine)
+    out = []
+    for grid_name, cfg in (("coarse", topology_case.Config.make(s.scale)),
+                           ("fine", topology_case.Config.make(s.scale, resolution=2, n_train=s.n_fine,
+                                                              n_val=s.n_fine, global_batch=s.n_fine))):
+        cells = math.prod(cfg.shape)
+        item = {"inputs": (2 * len(cfg.shape) + 1) * cells * F32, "target": cells * F32, "compliance": F64,
+                "params": len(topology_data.PARAMS) * F64, "n_iter": I32}
+        for split in ("train", "val"):
+            st = cfg.data_settings(split)
+            out.append(_cached(f"{grid_name} {split}, {st['n_items']} designs", st["n_items"], st["chunk_size"],
+                               item, lambda st=st: topology_data.load(st)))
+    return out
+
+
+def _driving_disk(s):   # lab 4: training and validation clips, three float16 views each (cases.driving.load_data)
+    cfg = driving_case.Config.make(s.scale)
+    item = {"video": len(driving_data.VIEWS) * cfg.frames * cfg.size ** 2 * F16, "label": I64, "scenario": I64,
+            "min_ttc": F32}
+    return [_cached(f"{label}, {n} clips", n, driving_data.CHUNK, item,
+                    lambda n=n, seed=seed: driving_data.generate(n, cfg.frames, cfg.size, seed=seed))
+            for label, n, seed in (("training", cfg.n_clips, cfg.seed), ("validation", cfg.n_val, cfg.seed + 10_000))]
+
+
+def _data_pipeline_disk(s):   # notebook 27: its shards and the contention files, in scratch folders it deletes
+    shards = math.ceil(s.n_samples / s.samples_per_shard)
+    mb = int(s.contention_mb * 2 ** 20)
+    return [DataSet(f"shards, {s.n_samples} samples", s.n_samples * (s.image_size ** 2 * F32 + I64)
+                    + shards * 2 * NPY_HEADER_BYTES,
+                    lambda: datapipe.convert(datapipe.shapes_chunks(s.n_samples, size=s.image_size),
+                                             datapipe.scratch_dir("shapes"), s.samples_per_shard), kept=False),
+            DataSet(f"contention files, {s.n_ranks} ranks", 2 * s.n_ranks * mb,
+                    lambda: storage.make_contention_files(datapipe.scratch_dir("contention"), s.n_ranks,
+                                                          s.contention_mb), kept=False)]
+
+
+DISK: dict[str, Callable] = {"lab_maize": _maize_disk, "lab_seismic": _seismic_disk, "topology": _topology_disk,
+                             "lab_driving": _driving_disk, "data_pipeline": _data_pipeline_disk}
+
+
+def data_sets(section: str, scale: str | None = None) -> list[DataSet]:
+    """The data sets ``section`` writes to disk at ``scale`` (none for most notebooks: their data is made in memory)."""
+    return DISK[section](config.sizes(section, scale)) if section in DISK else []
+
 
 # =========================================================================== communicators, contexts, copies
 @dataclass
@@ -546,29 +683,37 @@ class Overheads:
     groups: list                  # rank counts of the NCCL communicators local rank 0 holds (world first)
     contexts: int = 1             # CUDA contexts of *other* processes on GPU 0 (default: the notebook kernel)
     copies: list = None           # (label, bytes): second copies, co-resident processes' state, measurements
+    pairs: int = 0                # 2-rank communicators of rank 0's send/recv outside batch_isend_irecv
 
     @property
     def communicators(self) -> int:
-        return len(self.groups)
+        return len(self.groups) + self.pairs
 
     @property
     def nccl_bytes(self) -> int:
-        return sum(NCCL_COMM_BYTES if k > 1 else NCCL_SOLO_BYTES for k in self.groups)
+        return sum(NCCL_COMM_BYTES if k > 1 else NCCL_SOLO_BYTES for k in self.groups) + self.pairs * NCCL_COMM_BYTES
 
     @property
     def bytes(self) -> int:
         return self.nccl_bytes + self.contexts * CUDA_CONTEXT_BYTES + sum(b for _, b in self.copies or [])
 
     def why(self) -> str:
-        parts = [f"{self.communicators} NCCL communicator(s) of {'/'.join(map(str, self.groups))} ranks",
-                 f"{self.contexts} other CUDA context(s)"]
+        parts = [f"{len(self.groups)} NCCL communicator(s) of {'/'.join(map(str, self.groups))} ranks"]
+        parts += [f"{self.pairs} send/recv pair(s) of 2 ranks"] if self.pairs else []
+        parts += [f"{self.contexts} other CUDA context(s)"]
         parts += [f"{label} {_g(b)} GiB" for label, b in self.copies or []]
         return ", ".join(parts)
 
 
-def _groups(n: int, subgroups=(), mesh_dims: int = 0, horovod: bool = False) -> list:
-    """World (n ranks), one per distinct ``dist.subgroup(k)`` size, one per mesh dimension, Horovod's."""
-    out = [n] + sorted({k for k in subgroups if 1 <= k <= n})
+def _groups(n: int, subgroups=(), mesh_dims: int = 0, horovod: bool = False, meshes=()) -> list:
+    """World (n ranks), one per distinct rank line through rank 0 of :mod:`ddlcourse.grid` (the first k ranks of
+    every ``dist.subgroup(k)``, both axes of every ``(ranks, mp)`` mesh of ``meshes``), one per dimension of a
+    ``dcp.mesh_2d``, Horovod's."""
+    lines = {tuple(range(k)) for k in subgroups if 1 <= k <= n}
+    for ranks, mp in meshes:                    # training.setup's dp x mp grid over the first `ranks` ranks
+        g = grid.Grid(("dp", "mp"), (ranks // mp, mp), ranks, 0)     # rank 0's place in it
+        lines |= {tuple(g.ranks(axis)) for axis in ("dp", "mp")}
+    out = [n] + sorted(len(line) for line in lines)
     out += [max(2, n // 2)] * mesh_dims         # a (dp, tp) mesh of n ranks: groups of n/dp and dp ranks
     return out + ([n] if horovod else [])
 
@@ -644,6 +789,22 @@ def _ov_expert(s, ests) -> Overheads:
     return Overheads(_groups(n, (n,)), copies=[(f"traffic measurement, {s.sweep_tokens} tokens per rank", traffic)])
 
 
+def _ov_stages(s, ests) -> Overheads:
+    # notebooks 15 and 16 on the first n ranks: stage 0 (rank 0) sends to stage 1 and receives from it, unbatched
+    return Overheads(_groups(s.n_ranks, (s.n_ranks,)), pairs=1)
+
+
+def _ov_seismic(s, ests) -> Overheads:
+    return Overheads(_groups(s.n_ranks, _scaling_ranks(s.n_ranks), meshes=SEISMIC_SPATIAL_RUNS))
+
+
+def _ov_driving(s, ests) -> Overheads:
+    # every layout of the lab over all ranks; in each, rank 0 holds a view and sends its features to the head rank
+    # of its replica (mp - 1), and receives their gradients from it: one send/recv pair per layout
+    meshes = [(s.n_ranks, mp) for mp in DRIVING_MESHES]
+    return Overheads(_groups(s.n_ranks, _scaling_ranks(s.n_ranks), meshes=meshes), pairs=len(DRIVING_MESHES))
+
+
 def _ov_native(s, ests) -> Overheads:
     # one cluster at a time (notebook 26 stops c before c_save starts): c's world + its (dp, tp) mesh's 2 dimensions;
     # c_save's world alone is fewer, on fewer ranks, once c's processes and their communicators are gone
@@ -654,8 +815,8 @@ OVERHEADS: dict[str, Callable] = {
     "loss_integrity": _ov_subgroups(lambda s: (1, 2, 4, s.n_ranks)),
     "data_parallel": lambda s, ests: Overheads(_groups(s.n_ranks, horovod=True)),
     "scaling": _ov_subgroups(lambda s: _scaling_ranks(s.n_ranks)),
-    "model_parallel": _ov_subgroups(lambda s: (s.n_ranks,)),
-    "pipeline": _ov_subgroups(lambda s: (s.n_ranks,)),
+    "model_parallel": _ov_stages,
+    "pipeline": _ov_stages,
     "pipeline_schedules": _ov_subgroups(lambda s: (s.n_ranks,)),
     "tensor_spatial_sharded": _ov_subgroups(lambda s: (s.n_ranks,)),
     "federated": _ov_subgroups(lambda s: (s.n_ranks,)),
@@ -667,17 +828,31 @@ OVERHEADS: dict[str, Callable] = {
     "profiling": _ov_profiling,
     "native_sharding_checkpoints": _ov_native,
     "lab_maize": _ov_labs(horovod=True),
-    "lab_seismic": _ov_labs(), "topology": _ov_labs(), "lab_driving": _ov_labs(),
+    "lab_seismic": _ov_seismic, "topology": _ov_labs(), "lab_driving": _ov_driving,
 }
+
+
+def kernel_bytes(section: str, scale: str | None = None) -> int:
+    """What the kernel of ``section``'s notebook keeps on cuda:0 besides its context: its training's model state,
+    activations and data (all on the device)."""
+    _, label = KERNELS_ON_GPU0[section]
+    w = next(w for w in workloads(section, scale) if w.label == label)
+    e = estimate(section, w)
+    return e.state + int(e.data_per_rank)
 
 
 def overheads(section: str, scale: str | None = None, ests: list | None = None) -> Overheads:
     """The communicators, other contexts and copies GPU 0 holds for ``section`` (default: the world's
-    communicator and the notebook kernel's context)."""
+    communicator and the notebook kernel's context), with the kernels of :data:`KERNELS_ON_GPU0` left running."""
     s = config.sizes(section, scale)
     if ests is None:
         ests = [estimate(section, w) for w in workloads(section, scale)]
-    return OVERHEADS.get(section, _ov_default)(s, [e for e in ests if not e.on_host] or ests)
+    ov = OVERHEADS.get(section, _ov_default)(s, [e for e in ests if not e.on_host] or ests)
+    for other, (notebook, _) in KERNELS_ON_GPU0.items():
+        if other != section:                   # this notebook's own kernel is counted already
+            ov.contexts += 1
+        ov.copies = [*(ov.copies or []), (f"notebook {notebook}'s kernel left running", kernel_bytes(other, s.scale))]
+    return ov
 
 
 # =========================================================================== the plan
@@ -690,12 +865,17 @@ def workloads(section: str, scale: str | None = None) -> list[Workload]:
 @dataclass
 class Row:
     """One section: its ranks, the workload with the largest GPU total, the one with the most host memory per
-    rank, and the most host memory of one node over the workloads."""
+    rank, the most host memory of one node over the workloads, and the data sets it writes to disk."""
     section: str
     ranks: int
     gpu: Estimate
     host: Estimate
     host_per_node: float
+    disk: list                # the data sets it writes (DataSet)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(d.bytes for d in self.disk)
 
     def overshoot(self) -> list[str]:
         return overshoot(self.gpu, self.host)
@@ -710,7 +890,8 @@ def plan_section(section: str, scale: str | None = None) -> Row:
                 e.overhead, e.overhead_why = ov.bytes, ov.why()
     gpu = max(ests, key=lambda e: (not e.on_host, e.gpu_total))
     host = max(ests, key=lambda e: e.host_per_rank)
-    return Row(section, max(e.ranks for e in ests), gpu, host, max(e.host_per_node for e in ests))
+    return Row(section, max(e.ranks for e in ests), gpu, host, max(e.host_per_node for e in ests),
+               data_sets(section, scale))
 
 
 def plan(scale: str | None = None) -> list[Row]:
@@ -752,12 +933,17 @@ model state and activations are host memory (the GPU columns show them; no GPU i
   other: 2 x the largest saved tensor (gradients in flight during backward) + {_g(CUDA_OVERHEAD)} GiB: CUDA context
     ({_g(CUDA_CONTEXT_BYTES)}), cuDNN/cuBLAS workspaces and allocator slack ({_g(WORKSPACE_BYTES)}), measured on an H200.
   comm+ctx: GPU 0's NCCL communicators ({_g(NCCL_COMM_BYTES)} GiB each, {_g(NCCL_SOLO_BYTES)} GiB for one of 1 rank: world,
-    subgroups, mesh dimensions, Horovod's), {_g(CUDA_CONTEXT_BYTES)} GiB per other process's CUDA context on it
-    (notebook kernel, a second cluster or job) and second copies (notebook 24's compiled model, notebook 22's traffic measurement).
+    subgroups, the labs' grid lines, mesh dimensions, Horovod's; one more per pair of an unbatched send/recv),
+    {_g(CUDA_CONTEXT_BYTES)} GiB per other process's CUDA context on it (notebook kernel, the kernels of notebooks
+    10 and 23 left running on cuda:0, a second cluster or job) and second copies (those kernels' tensors,
+    notebook 24's compiled model, notebook 22's traffic measurement).
   host/node: (data per rank + {_g(PROCESS_OVERHEAD)} GiB per process) x ranks of that run on one node of {GPUS_PER_NODE}
     GPUs, the largest over the section's workloads; data/rank: what one rank holds of the data set, for the
     workload with the most host memory per rank (a 1-rank point of a scaling run holds the whole set).
-Budgets: {_g(GPU_BUDGET)} GiB per GPU, {_g(HOST_BUDGET)} GiB of host memory per rank.
+  disk: the data sets the section's generators write under the data cache ($DDLCOURSE_DATA_DIR), from their arrays'
+    shapes and dtypes; the labs' stay there between runs, notebook 27 deletes its scratch folders when it ends.
+Budgets: {_g(GPU_BUDGET)} GiB per GPU (what CUDA gives a process on a 16 GB T4, the smallest card the course
+supports), {_g(HOST_BUDGET)} GiB of host memory per rank.
 No meaningful device memory:
 """ + "\n".join(f"  {k}: {v}" for k, v in NO_DEVICE.items())
 
@@ -765,7 +951,7 @@ No meaningful device memory:
 def format_plan(rows: list[Row], scale: str) -> str:
     head = (f"{'section':<23}{'ranks':>5}  {'workload (its ranks)':<42}{'batch per rank':>18}{'params':>9}"
             f"{'weights':>8}{'grads':>7}{'opt':>7}{'act':>8}{'other':>7}{'comm+ctx':>9}{'total':>8}{'':5}{'host/node':>9}"
-            f"{'data/rank':>10}  fits")
+            f"{'data/rank':>10}{'disk':>7}  fits")
     lines = [f"scale profile: {scale}   (memory in GiB)", head, "-" * len(head)]
     for row in rows:
         g = row.gpu
@@ -773,7 +959,7 @@ def format_plan(rows: list[Row], scale: str) -> str:
             f"{row.section:<23}{row.ranks:>5}  {(g.workload + f' ({g.ranks})')[:41]:<42}{g.batch:>18}{_n(g.params):>9}"
             f"{_g(g.weights):>8}{_g(g.grads):>7}{_g(g.optimizer):>7}{_g(g.activations):>8}{_g(g.other):>7}{_g(g.overhead):>9}"
             f"{_g(g.gpu_total):>8}{' host' if g.on_host else '':5}{_g(row.host_per_node):>9}"
-            f"{_g(row.host.data_per_rank):>10}  {'NO' if row.overshoot() else 'yes'}")
+            f"{_g(row.host.data_per_rank):>10}{_g(row.disk_bytes):>7}  {'NO' if row.overshoot() else 'yes'}")
     lines.append("-" * len(head))
     for row in rows:
         if row.gpu.overhead_why:
@@ -781,6 +967,12 @@ def format_plan(rows: list[Row], scale: str) -> str:
     for row in rows:
         for b in row.overshoot():
             lines.append("OVER BUDGET: " + b)
+    kept = sum(d.bytes for row in rows for d in row.disk if d.kept)
+    scratch = max((sum(d.bytes for d in row.disk if not d.kept) for row in rows), default=0)
+    lines.append(f"disk: {_g(kept)} GiB of data sets kept in the data cache {cache.cache_root()} "
+                 f"($DDLCOURSE_DATA_DIR), and {_g(scratch)} GiB more while notebook 27 runs. On a cluster, not in "
+                 "$HOME and its quota: set DDLCOURSE_DATA_DIR to a folder on scratch that every node sees "
+                 "(env/slurm/README.md).")
     lines.append(FOOTER)
     return "\n".join(lines)
 

@@ -58,12 +58,17 @@ def load_into(path: Path | str, model, optimizer=None, map_location=None) -> dic
     return state
 
 
+def _epoch_of(path: Path) -> int:
+    return int(path.stem.split("-")[1])               # epoch-<epochs done>.pt
+
+
 class Checkpointer:
     """Per-epoch checkpoints in ``folder``: written atomically by rank 0, the last ``keep`` kept.
 
     Loads go onto the run's device. If the newest file is unreadable, the previous one is used (with a
     warning): no finished epoch is lost twice. If none is readable, :class:`CheckpointError` names the files
-    and says how to start over.
+    and says how to start over. On a run's ranks, rank 0 alone lists the folder and chooses; the others load
+    the epoch it chose (see :meth:`load`).
     """
 
     def __init__(self, folder: Path | str, ctx=None, keep: int = 2):   # ctx: the run's RunContext, if any
@@ -80,7 +85,10 @@ class Checkpointer:
         return self.ctx is None or self.ctx.is_root
 
     def _files(self) -> list[Path]:
-        return sorted(self.folder.glob("epoch-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+        return sorted(self.folder.glob("epoch-*.pt"), key=_epoch_of)
+
+    def _path(self, epoch: int) -> Path:
+        return self.folder / f"epoch-{epoch:04d}.pt"
 
     def save(self, epoch: int, model, optimizer=None, **extra) -> None:
         """Save after ``epoch`` epochs are done (call on every rank; rank 0 writes)."""
@@ -88,15 +96,45 @@ class Checkpointer:
             state = {"epoch": int(epoch), "model": unwrap(model).state_dict(), "extra": extra}
             if optimizer is not None:
                 state["optimizer"] = optimizer.state_dict()
-            atomic_save(state, self.folder / f"epoch-{epoch:04d}.pt")
+            atomic_save(state, self._path(epoch))
             for old in self._files()[:-self.keep]:
                 old.unlink(missing_ok=True)
         if self.ctx is not None:
             self.ctx.barrier()
 
     def load(self, model, optimizer=None) -> tuple[int, dict]:
-        """Restore the newest readable checkpoint; returns ``(epochs_done, extra)`` (``(0, {})`` if none)."""
+        """Restore the newest readable checkpoint; returns ``(epochs_done, extra)`` (``(0, {})`` if none).
+
+        Call it on every rank of the run: rank 0 lists the folder, chooses the file and broadcasts its epoch (over
+        the run's MPI communicator), and every rank loads that epoch (from its own part's folder when the model
+        is split). Ranks that each listed the folder could disagree: on an NFS home a node may be shown a listing
+        cached for 30-60 s, its ranks would resume from an older epoch than the others, and the run would hang.
+        """
         device = getattr(self.ctx, "device", None) or "cpu"
+        comm = self.ctx.comm if self.ctx is not None else None
+        state, choice = None, None
+        if comm is None or comm.Get_rank() == 0:
+            state, choice = self._newest_readable(model, optimizer, device)
+        if comm is not None:
+            choice = comm.bcast(choice, root=0)                 # NEW: (epoch, error) as rank 0 found them
+        epoch, error = choice
+        if epoch and state is None:                             # not rank 0: the file rank 0 chose
+            try:
+                state = load_into(self._path(epoch), model, optimizer, map_location=device)
+            except CheckpointError as e:                        # e.g. a part whose writer died before this epoch
+                error = str(e)
+        if comm is not None:                                    # a rank that cannot load stops every rank, not
+            error = next((e for e in comm.allgather(error) if e), "")   # only itself (the others would hang)
+        if error:
+            raise CheckpointError(error)
+        if epoch == 0:
+            return 0, {}
+        self.loaded = self._path(epoch)
+        return int(state["epoch"]), dict(state.get("extra", {}))
+
+    def _newest_readable(self, model, optimizer, device) -> tuple[dict | None, tuple[int, str]]:
+        """The state of the newest file that loads into ``model`` (and ``optimizer``), and ``(its epoch, "")``;
+        ``(None, (0, ""))`` when there is none, ``(None, (0, why))`` when none of them is readable."""
         errors = []
         files = self._files()
         for i, path in enumerate(reversed(files)):
@@ -105,15 +143,14 @@ class Checkpointer:
             except CheckpointError as e:
                 errors.append(str(e))
                 more = "; trying an older one" if i + 1 < len(files) else ""
-                warnings.warn(f"checkpoint {errors[-1]}{more}", stacklevel=2)
+                warnings.warn(f"checkpoint {errors[-1]}{more}", stacklevel=3)
                 continue
-            self.loaded = path
-            return int(state["epoch"]), dict(state.get("extra", {}))
+            return state, (_epoch_of(path), "")
         if errors:
-            raise CheckpointError(
-                f"no readable checkpoint in {self.folder}: {'; '.join(errors)}. {FRESH_ADVICE[0].upper()}"
-                f"{FRESH_ADVICE[1:]}, or check that the model settings match the run that wrote it.")
-        return 0, {}
+            return None, (0, f"no readable checkpoint in {self.folder}: {'; '.join(errors)}. "
+                             f"{FRESH_ADVICE[0].upper()}{FRESH_ADVICE[1:]}, or check that the model settings match "
+                             "the run that wrote it.")
+        return None, (0, "")
 
     def clear(self) -> None:
         if self.writes:
