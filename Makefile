@@ -9,7 +9,7 @@ TEST_SCALE ?= $(or $(DDLCOURSE_SCALE),smoke)
 # notebooks of one file stay on one worker (--dist loadfile).
 NOTEBOOKS := $(wildcard notebooks/*.ipynb labs/*.ipynb)
 
-.PHONY: help setup env lab test test-unit test-notebooks rehearsal slides lock clean-clusters clean
+.PHONY: help setup env lab test test-unit test-notebooks test-book rehearsal slides book lock clean-clusters clean
 
 help:
 	@echo "make lab     set up the environment if needed, then open JupyterLab on the course"
@@ -18,6 +18,9 @@ help:
 	@echo "make setup   build or refresh the environment only (.venv; Horovod wheel cached in ~/.cache/ddlcourse)"
 	@echo "make slides  build the instructor's reveal.js decks and PDF handouts (slides/decks, slides/pdf);"
 	@echo "             SCALE=laptop: figures from laptop-scale runs, the reference results to publish"
+	@echo "make book    the course as a static site in book/_build/html: every notebook and lab run at the laptop"
+	@echo "             scale (cached with make slides' runs), the decks and PDFs, the exercises; SCALE=smoke for CI"
+	@echo "make test-book  every page of the book in headless Chromium (the same SCALE as make book's)"
 	@echo "make lock    re-resolve env/requirements.in into env/requirements.lock"
 	@echo "make clean-clusters   stop every course cluster this user left running"
 
@@ -52,11 +55,26 @@ rehearsal: env
 	@$(PY) env/multinode/rehearse.py
 
 # reveal.js decks from the notebooks into slides/decks/, PDFs into slides/pdf/ (headless Chromium);
-# SCALE=laptop runs the notebooks at the laptop scale for the figures (reference results to publish; about an hour)
+# SCALE=laptop runs the notebooks at the laptop scale for the figures (reference results to publish; at most about 15 min)
 SCALE ?= smoke
 slides: env
 	@bash env/install_chromium.sh
 	@$(PY) -m instructor.slides build --scale $(SCALE)
+
+# The course as a book (instructor/book.py): every notebook and lab run at the laptop scale unless SCALE says
+# otherwise (the runs `make slides SCALE=...` caches, so a warm cache runs nothing), the decks and their PDFs built
+# from the same runs, then Sphinx. Open book/_build/html/index.html, or copy the folder to any static host.
+book: SCALE = laptop
+book: env
+	@bash env/install_chromium.sh
+	@$(PY) -m instructor.book build --scale $(SCALE)
+
+# the browser test of the book (tests/test_book.py): the site built again from the runs `make book SCALE=...` cached,
+# into book/_build/test, every page opened in headless Chromium
+test-book: SCALE = laptop
+test-book: env
+	@bash env/install_chromium.sh
+	@DDLCOURSE_SCALE=$(SCALE) $(PY) -m pytest -p no:cacheprovider -o addopts="" -q -rfE tests/test_book.py
 
 lock:
 	@bash env/lock.sh

@@ -1,8 +1,9 @@
-"""Headless Chromium driven over the DevTools protocol, for the slide decks.
+"""Headless Chromium driven over the DevTools protocol, for the slide decks and the book.
 
 Used to print decks to PDF and to test them the way an instructor's browser sees them: did reveal.js
 start, how many slides, which requests left localhost, which console errors appeared, did every image
-load, is the first slide blank. Only the standard library and ``websocket-client`` (a Jupyter dependency).
+load, is the first slide blank; and to open the book's pages the same way (``Chromium.visit``). Only the standard
+library and ``websocket-client`` (a Jupyter dependency).
 """
 from __future__ import annotations
 
@@ -195,6 +196,23 @@ class Chromium:
                 "window.ddlOverflowing ? JSON.stringify(ddlOverflowing()) : '[]'") or "[]")
             rep.total_slides = int(self.eval("Reveal.getTotalSlides()"))
             rep.ready = bool(self.eval("document.querySelector('.reveal').classList.contains('ready')"))
+        return self._report(rep)
+
+    def visit(self, url: str, timeout: float = 30.0) -> PageReport:
+        """Load a page that is not a deck (the book's) and wait until it and its images have loaded (``ready``)."""
+        self.events.clear()
+        self.send("Page.navigate", url=url)
+        rep = PageReport(url)
+        deadline = time.time() + timeout
+        while time.time() < deadline and not rep.ready:
+            self.eval("0")                     # receives the events that came meanwhile
+            rep.ready = any(ev.get("method") == "Page.loadEventFired" for ev in self.events)
+            time.sleep(0.1)
+        self.eval("new Promise(r => setTimeout(r, 300))")     # the page's own scripts (search, math) run on load
+        return self._report(rep)
+
+    def _report(self, rep: PageReport) -> PageReport:
+        """Fill in what the page loaded: images, a screenshot, requests and console errors."""
         imgs = self.eval("Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)") or []
         rep.images, rep.broken_images = len(imgs), sum(1 for ok in imgs if not ok)
         rep.screenshot = base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"])

@@ -2,7 +2,8 @@
 
     python -m instructor.slides build [--scale smoke|laptop] [--execute all|none] [--no-pdf] [DECK ...]   # make slides
     python -m instructor.slides list         # the decks, their minutes and notebooks
-    python -m instructor.slides check        # the rules every deck keeps (words, figures, notes, agenda), no build
+    python -m instructor.slides check        # the rules every deck keeps (words, figures, notes, agenda and its
+                                             # hands-on blocks: instructor.handson), no build
 
 The decks are written for a talk (format: slides/README.md; parser and rules: instructor/talk.py). The build
 
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import hashlib
 import io
 import json
 import os
+import platform
 import re
 import sys
 import time
@@ -34,8 +37,9 @@ from pathlib import Path
 
 import nbformat
 
+from ddlcourse.cluster.launch import available_cores
 from ddlcourse.config import SCALES
-from instructor import talk
+from instructor import handson, talk
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
@@ -66,8 +70,23 @@ def cache_path(path: Path, scale: str = "smoke") -> Path:
     return EXECUTED / f"{path.stem}{tag}-{_hash_file(path)}.ipynb"
 
 
+def machine() -> str:
+    """This machine in a few words (processor, cores, memory, system): a figure's page names where it was run."""
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.exists() else []
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cpu = models[0] if models else platform.machine()
+    return f"{cpu}, {available_cores()} cores, {memory:.0f} GiB, {platform.system()}"
+
+
+RUN_KEY = "ddlcourse_run"      # an executed copy's metadata: the scale, the machine, when and how long it ran
+
+
 def executed_copy(path: Path, execute: bool = True, timeout: int = 3600, scale: str = "smoke") -> nbformat.NotebookNode:
-    """The notebook after running it at ``scale`` (cached by the hash of it, of the package, and the scale).
+    """The notebook after running it at ``scale`` (cached by the hash of it, of the package, and the scale), with
+    the solutions hidden (``selfcheck.solution`` shows none: the runs are published), and the run recorded in its
+    metadata (``RUN_KEY``).
 
     ``execute=False`` runs nothing: the cached run if there is one, else the notebook as stored."""
     if scale not in SCALES:
@@ -82,12 +101,16 @@ def executed_copy(path: Path, execute: bool = True, timeout: int = 3600, scale: 
         raise ValueError(f"{path} has no cells")
     from nbclient import NotebookClient
     # the scale, and the inline backend so that figures become outputs (tests set MPLBACKEND=Agg)
-    saved = {k: os.environ.get(k) for k in ("DDLCOURSE_SCALE", "MPLBACKEND", "PYTHONPATH")}
+    saved = {k: os.environ.get(k) for k in ("DDLCOURSE_SCALE", "MPLBACKEND", "PYTHONPATH", "DDLCOURSE_SOLUTIONS")}
     os.environ.update(DDLCOURSE_SCALE=scale, MPLBACKEND="module://matplotlib_inline.backend_inline",
-                      PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]])))
+                      PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]])),
+                      DDLCOURSE_SOLUTIONS="hidden")
+    started, t0 = datetime.datetime.now(), time.perf_counter()
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
+        nb.metadata[RUN_KEY] = {"scale": scale, "machine": machine(), "started": started.isoformat(timespec="minutes"),
+                                "seconds": round(time.perf_counter() - t0, 1)}
     finally:
         for k, v in saved.items():
             if v is None:
@@ -224,6 +247,14 @@ class Built:
     notebooks: list[str] = field(default_factory=list)
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` so that a reader sees the old file or the new one, never half of it (the book's build copies
+    the decks while a test may be building them)."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_bytes(data)
+    part.replace(path)
+
+
 def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True, log=print,
           scale: str = "smoke", placeholders: bool = False) -> list[Built]:
     """Build decks (all in slides/talk, or ``names``). ``execute``: ``all`` runs each notebook a deck shows a
@@ -246,7 +277,7 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
         html, n, n_notes = deck_html(d, figs)
         out = SLIDES / "decks" / f"{d.name}.html"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(html, encoding="utf-8")
+        write_whole(out, html.encode("utf-8"))
         built.append(Built(d.name, out, n, n_notes, len(d.content_slides), d.minutes, notebooks=d.notebook_paths()))
         log(f"{d.name}: {n} slides ({len(d.content_slides)} content) in {time.perf_counter() - t0:.1f} s")
     if pdf:
@@ -258,16 +289,17 @@ def build(names: list[str] | None = None, execute: str = "all", pdf: bool = True
             url = stack.enter_context(StaticServer(SLIDES))
             chrome = stack.enter_context(Chromium())
             for b in built:
-                b.pdf = SLIDES / "pdf" / f"{b.name}.pdf"
-                b.pdf_pages = chrome.print_pdf(f"{url}/decks/{b.name}.html?showNotes=separate-page", b.pdf)
+                b.pdf, part = SLIDES / "pdf" / f"{b.name}.pdf", SLIDES / "pdf" / f".{b.name}.pdf.part"
+                b.pdf_pages = chrome.print_pdf(f"{url}/decks/{b.name}.html?showNotes=separate-page", part)
+                part.replace(b.pdf)
                 log(f"{b.name}: PDF with {b.pdf_pages} pages (slides and their notes)")
                 if b.pdf_pages != b.slides + b.notes:
                     raise RuntimeError(f"{b.name}: the PDF has {b.pdf_pages} pages for {b.slides} slides "
                                        f"and {b.notes} pages of notes")
     manifest = SLIDES / "decks" / "manifest.json"
-    manifest.write_text(json.dumps([{"name": b.name, "scale": scale, "slides": b.slides, "content": b.content,
-                                     "minutes": b.minutes, "notes": b.notes, "pdf_pages": b.pdf_pages,
-                                     "notebooks": b.notebooks} for b in built], indent=1))
+    write_whole(manifest, json.dumps([{"name": b.name, "scale": scale, "slides": b.slides, "content": b.content,
+                                       "minutes": b.minutes, "notes": b.notes, "pdf_pages": b.pdf_pages,
+                                       "notebooks": b.notebooks} for b in built], indent=1).encode("utf-8"))
     return built
 
 
@@ -280,7 +312,9 @@ def check_all(log=print) -> int:
         log(f"{d.name:<24} {m.content:>3} content slides  {m.short:>4.0%} <= {talk.MAX_WORDS} words  "
             f"{m.figures:>4.0%} with a figure  {m.notes:>4.0%} with notes  {d.minutes:>3} min")
         problems += talk.check_deck(d, render_diagrams=True)
-    problems += talk.check_agenda(talk.AGENDA.read_text(encoding="utf-8"), ds, talk.header_runtimes())
+    agenda = talk.AGENDA.read_text(encoding="utf-8")
+    problems += talk.check_agenda(agenda, ds, talk.header_runtimes())
+    problems += handson.check_blocks(agenda, handson.load_measurements(), ds)
     for p in problems:
         log("PROBLEM " + p)
     return len(problems)

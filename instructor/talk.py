@@ -388,8 +388,9 @@ def parse_agenda(text: str) -> tuple[dict[str, Plan], dict[str, int]]:
 
 
 def check_agenda(text: str, decks: list[Deck], runtimes: dict[str, int] | None = None) -> list[str]:
-    """The plans add up (rows chain from the start to the end), each deck's row has the deck's minutes, the full
-    day shows every deck, and the run-time table agrees with the notebooks' headers (``runtimes``)."""
+    """The plans add up (rows chain from the start to the end), each deck's row has the deck's minutes, a deck that
+    no plan presents is named under ``## The self-paced path``, and the run-time table agrees with the notebooks'
+    headers (``runtimes``). The hands-on blocks keep rules of their own (:mod:`instructor.handson`)."""
     plans, table = parse_agenda(text)
     out = []
     if not plans:
@@ -411,10 +412,11 @@ def check_agenda(text: str, decks: list[Deck], runtimes: dict[str, int] | None =
         total = sum(r.minutes for r in p.rows)
         if total != p.length:
             out.append(f"{p.heading}: the rows add up to {total} min, the plan is {p.length} min")
-    if "full" in plans:
-        missing = set(minutes) - {r.deck for r in plans["full"].rows}
-        if missing:
-            out.append(f"the full day leaves out the decks {sorted(missing)}")
+    paced = re.search(r"^## The self-paced path\s*$(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    missing = set(minutes) - {r.deck for p in plans.values() for r in p.rows} - set(
+        re.findall(r"`(\w+)`", paced.group(1) if paced else ""))
+    if missing:
+        out.append(f"the decks {sorted(missing)} are in no plan and not on the self-paced path")
     if runtimes is not None:
         for nb, m in runtimes.items():
             if table.get(nb) != m:

@@ -24,11 +24,13 @@ def test_the_agenda_adds_up_and_matches_the_decks():
     assert talk.check_agenda(AGENDA, DECKS, talk.header_runtimes()) == []
 
 
-def test_every_deck_of_the_full_day_exists_and_every_deck_file_is_in_it():
+def test_every_deck_a_plan_names_exists_and_every_deck_file_is_presented_or_self_paced():
     plans, _ = talk.parse_agenda(AGENDA)
-    planned = [r.deck for r in plans["full"].rows if r.deck]
-    assert sorted(planned) == sorted(d.name for d in DECKS), "slides/talk and the full-day plan list other decks"
-    assert len(planned) == 14
+    planned = {r.deck for p in plans.values() for r in p.rows if r.deck}
+    assert planned <= {d.name for d in DECKS}, "a plan names a deck that slides/talk does not have"
+    paced = AGENDA.split("## The self-paced path")[1].split("\n## ")[0]
+    assert all(d.name in planned or f"`{d.name}`" in paced for d in DECKS)
+    assert len(DECKS) == 14
 
 
 def test_the_deck_list_is_the_deck_files():
@@ -179,10 +181,12 @@ def test_each_agenda_rule_fails(case, rows, deck_minutes, runtimes, expect):
     assert any(expect in p for p in problems), (case, problems)
 
 
-def test_the_full_day_must_show_every_deck():
-    problems = talk.check_agenda(_agenda(ROWS), [_deck([_slide()], 30), talk.parse_text(
-        "---\ntitle: U\nminutes: 5\n---\n\n" + _slide(), "unplanned")], None)
-    assert any("leaves out the decks ['unplanned']" in p for p in problems), problems
+def test_a_deck_in_no_plan_must_be_on_the_self_paced_path():
+    decks = [_deck([_slide()], 30), talk.parse_text("---\ntitle: U\nminutes: 5\n---\n\n" + _slide(), "unplanned")]
+    problems = talk.check_agenda(_agenda(ROWS), decks, None)
+    assert any("the decks ['unplanned'] are in no plan and not on the self-paced path" in p for p in problems), problems
+    paced = _agenda(ROWS).replace("## What runs live", "## The self-paced path\n\n`unplanned`, at home.\n\n## What runs live")
+    assert talk.check_agenda(paced, decks, None) == []
 
 
 def test_the_run_times_come_from_the_notebook_headers():
