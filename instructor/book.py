@@ -196,6 +196,13 @@ def _plain(text: str) -> str:
     return "".join(p if p.startswith("`") else re.sub(r"([\\*_\[\]<>$|{}#])", r"\\\1", p) for p in parts)
 
 
+def _topic(fn) -> str | None:
+    """The topic of a checker of the course (its module's name under ``selfcheck.CHECKERS_PACKAGE``); None for one
+    registered elsewhere (a test's planted exercise, in the same process)."""
+    package, _, topic = fn.__module__.rpartition(".")
+    return topic if package == sc.CHECKERS_PACKAGE else None
+
+
 CALLS = re.compile(r"""\b(check_code|use_checked|check)\(\s*["']([A-Za-z0-9_]+)["']""")
 
 
@@ -203,8 +210,8 @@ def exercises_page(chs: list[Chapter]) -> str:
     """Every build-it exercise and checked question, by notebook in the course's order, with its hints; never a
     solution."""
     sc._load_all()
-    code = {n: ex.checker.__module__.rsplit(".", 1)[1] for n, ex in sc.CODE_EXERCISES.items()}
-    questions = {n: fn.__module__.rsplit(".", 1)[1] for n, (fn, _) in sc.EXERCISES.items()}
+    code = {n: _topic(ex.checker) for n, ex in sc.CODE_EXERCISES.items() if _topic(ex.checker)}
+    questions = {n: _topic(fn) for n, (fn, _) in sc.EXERCISES.items() if _topic(fn)}
     topics = {ch.topic for ch in chs}
     orphans = sorted(n for n, t in {**code, **questions}.items() if t not in topics)
     if orphans:
