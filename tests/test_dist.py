@@ -166,7 +166,11 @@ def test_outside_a_run_the_device_is_named_not_set(monkeypatch):
     current CUDA device; a rank's init sets it (issue 28)."""
     import torch
     from ddlcourse import device
+    from ddlcourse.cluster import placement
     _fake_cuda(monkeypatch, 2)
+    # the kernel: neither torch.distributed nor MPI started (a test process may have started either before)
+    monkeypatch.setattr(device.tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(placement, "on_mpi_rank", lambda: False)
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
     assert str(device.rank_device()) == "cuda:0" and calls == []
