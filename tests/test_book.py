@@ -12,7 +12,6 @@ import html
 import inspect
 import json
 import os
-import subprocess
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -20,7 +19,7 @@ import nbformat
 import pytest
 
 from ddlcourse import selfcheck as sc
-from helpers import solution_lines, text_shows
+from helpers import need_chromium, solution_lines, text_shows
 from instructor import book, browser, slides
 
 SCALE = os.environ.get("DDLCOURSE_SCALE", "smoke")
@@ -99,12 +98,7 @@ def test_a_hint_is_the_checkers_whole_message():
 # --------------------------------------------------------------------------- the site in a browser
 @pytest.fixture(scope="module")
 def site():
-    if browser.find_chromium() is None:
-        subprocess.run(["bash", str(book.ROOT / "env" / "install_chromium.sh")], check=False, timeout=600)
-    if browser.find_chromium() is None:
-        if os.environ.get("CI"):
-            pytest.fail("Chromium could not be installed; the browser test must run in CI")
-        pytest.skip("no Chromium on this machine (env/install_chromium.sh could not install it)")
+    need_chromium()
     if not (slides.VENDOR / "katex").exists():
         pytest.fail("slides/vendor is missing: 'make setup' installs KaTeX and reveal.js (needs npm)")
     return book.build(SCALE, execute="none", decks="copy", out=OUT, log=lambda *a: None)

@@ -10,11 +10,10 @@ slide has speaker notes, at most 30 content slides per hour of the deck's slot. 
 slide and a page of notes after each slide that has notes.
 """
 import json
-import os
-import subprocess
 
 import pytest
 
+from helpers import need_chromium
 from instructor import browser, slides, talk
 
 ROOT = slides.ROOT
@@ -22,12 +21,7 @@ ROOT = slides.ROOT
 
 @pytest.fixture(scope="module")
 def built():
-    if browser.find_chromium() is None:
-        subprocess.run(["bash", str(ROOT / "env" / "install_chromium.sh")], check=False, timeout=600)
-    if browser.find_chromium() is None:
-        if os.environ.get("CI"):
-            pytest.fail("Chromium could not be installed; the browser test must run in CI")
-        pytest.skip("no Chromium on this machine (env/install_chromium.sh could not install it)")
+    need_chromium()
     if not (slides.VENDOR / "reveal.js").exists():
         pytest.fail("slides/vendor is missing: 'make setup' installs reveal.js (needs npm)")
     return slides.build(execute="none", placeholders=True, pdf=True, log=lambda *a: None)
